@@ -1,0 +1,35 @@
+# blobfs — build, test, benchmark.
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+BIN     := bin/blobfs
+DEMO_MNT ?= /tmp/blobfs
+
+.PHONY: build demo test test-short bench lint clean
+
+build:
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/blobfs
+	ln -sf blobfs bin/mount.blobfs
+
+# Mount the embedded default store (a local directory) at $(DEMO_MNT).
+demo: build
+	mkdir -p $(DEMO_MNT)
+	./$(BIN) mount $(DEMO_MNT)
+
+# The whole suite: unit tests, real FUSE mounts against the in-memory,
+# local and (with BLOBFS_TEST_AZURITE set) Azurite backends, under -race.
+# .ci/azurite.sh starts Azurite; scripts/test.sh wraps both.
+test:
+	./.ci/test.sh
+
+test-short:
+	$(GO) test -short ./...
+
+bench: build
+	$(GO) run ./bench/cmd/blobfs-bench
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,126 @@
+// Package blobstore is blobfs's object-store client: one small interface over
+// a flat namespace of named blobs in one container, with sentinel errors that
+// callers test with errors.Is.
+//
+// Backends: Azure Blob Storage through the azblob SDK (also Azurite), a local
+// directory (the embedded default), an in-memory fake, and wrappers that inject
+// faults and latency or retry transient failures. Every backend passes the
+// same conformance suite (conformance_test.go).
+//
+// The package knows nothing of FUSE, gRPC or Kubernetes. Names are blob names:
+// "/"-separated, no leading "/". Directories exist only as name prefixes and
+// as zero-length marker blobs carrying metadata hdi_isfolder=true (the layout
+// blobfuse2 uses), which this package treats as ordinary blobs.
+package blobstore
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Sentinel errors. Backends wrap them with %w so that the cause (status code,
+// service error code) stays available for logs.
+var (
+	// ErrNotFound: the blob (or the container) does not exist.
+	ErrNotFound = errors.New("blob not found")
+	// ErrPreconditionFailed: an If-Match condition did not hold; another
+	// writer changed the blob.
+	ErrPreconditionFailed = errors.New("precondition failed")
+	// ErrAlreadyExists: an If-None-Match:* condition did not hold.
+	ErrAlreadyExists = errors.New("blob already exists")
+	// ErrThrottled: the service asked us to slow down (HTTP 429/503).
+	// Retryable.
+	ErrThrottled = errors.New("throttled by the store")
+	// ErrUnauthorized: credentials are missing, wrong or lack permission.
+	ErrUnauthorized = errors.New("not authorized")
+	// ErrTransient: a failure worth retrying (timeout, connection reset,
+	// HTTP 5xx).
+	ErrTransient = errors.New("transient store error")
+	// ErrInvalidName: the name cannot be represented in this store.
+	ErrInvalidName = errors.New("invalid blob name")
+)
+
+// Retryable reports whether err is worth another attempt.
+func Retryable(err error) bool {
+	return errors.Is(err, ErrThrottled) || errors.Is(err, ErrTransient)
+}
+
+// Metadata keys of the storage layout shared with blobfuse2.
+const (
+	MetaIsFolder  = "hdi_isfolder" // "true" on a directory marker blob
+	MetaIsSymlink = "is_symlink"   // "true" on a symlink blob; content is the target
+	// MetaMtime overrides Last-Modified as the file's modification time
+	// (set by utimes/touch): decimal Unix nanoseconds.
+	MetaMtime = "blobfs_mtime"
+)
+
+// Attrs describes one blob.
+type Attrs struct {
+	Name     string
+	Size     int64
+	ModTime  time.Time // Last-Modified
+	ETag     string    // opaque; changes on every write
+	Metadata map[string]string
+}
+
+// ListOptions selects one page of a listing.
+type ListOptions struct {
+	Prefix     string // only names starting with Prefix
+	Delimiter  string // "" lists recursively; "/" groups deeper names into Prefixes
+	Marker     string // continuation token from the previous page's NextMarker
+	MaxResults int    // page size; 0 means the backend's default (up to 5000)
+}
+
+// ListPage is one page of a listing, in lexical order of names.
+type ListPage struct {
+	Blobs      []Attrs  // blobs directly matched, with metadata
+	Prefixes   []string // common prefixes, each ending with the delimiter
+	NextMarker string   // "" when this is the last page
+}
+
+// Conditions make a write or delete conditional. The zero value is
+// unconditional.
+type Conditions struct {
+	IfMatch     string // act only if the blob's current ETag is this
+	IfNoneMatch bool   // act only if the blob does not exist (If-None-Match: *)
+}
+
+// PutOptions configure Put and CommitBlocks.
+type PutOptions struct {
+	Metadata map[string]string
+	Conditions
+}
+
+// Store is one container. Implementations are safe for concurrent use.
+// Every method that does I/O takes a context first and honours its
+// cancellation.
+type Store interface {
+	// Stat returns a blob's attributes and metadata.
+	Stat(ctx context.Context, name string) (Attrs, error)
+	// ReadAt reads len(p) bytes starting at off. It returns the number of
+	// bytes read; fewer than len(p) only at the end of the blob, with
+	// io.EOF. If etag is not empty and the blob has changed, it fails
+	// with ErrPreconditionFailed.
+	ReadAt(ctx context.Context, name string, p []byte, off int64, etag string) (int, error)
+	// List returns one page of names under opts.Prefix.
+	List(ctx context.Context, opts ListOptions) (ListPage, error)
+	// Put writes a whole blob in one request.
+	Put(ctx context.Context, name string, data []byte, opts PutOptions) (Attrs, error)
+	// StageBlock uploads one uncommitted block of a blob. Block ids are
+	// opaque strings of equal length within one blob.
+	StageBlock(ctx context.Context, name, blockID string, data []byte) error
+	// CommitBlocks makes the blob the concatenation of the staged blocks
+	// listed, in order, and drops the blob's other uncommitted blocks.
+	CommitBlocks(ctx context.Context, name string, blockIDs []string, opts PutOptions) (Attrs, error)
+	// Delete removes a blob.
+	Delete(ctx context.Context, name string, cond Conditions) error
+	// Copy copies src to dst on the server side, replacing dst, and returns
+	// dst's new attributes. Metadata is copied too.
+	Copy(ctx context.Context, dst, src string) (Attrs, error)
+	// SetMetadata replaces a blob's metadata.
+	SetMetadata(ctx context.Context, name string, md map[string]string, cond Conditions) (Attrs, error)
+	// Check verifies that the container exists and the credentials can
+	// read it: the pre-mount validation.
+	Check(ctx context.Context) error
+}

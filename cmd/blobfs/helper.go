@@ -1,0 +1,85 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+)
+
+// fstabIgnored are generic mount(8)/fstab options that mean nothing to
+// blobfs itself.
+var fstabIgnored = map[string]bool{
+	"defaults": true, "rw": true, "auto": true, "noauto": true, "user": true,
+	"users": true, "nouser": true, "_netdev": true, "nofail": true, "exec": true,
+	"noexec": true, "suid": true, "nosuid": true, "dev": true, "nodev": true,
+	"async": true, "atime": true, "noatime": true, "relatime": true,
+}
+
+// runMountHelper implements mount.blobfs SOURCE MOUNTPOINT [-o OPTIONS].
+// SOURCE is an Azure container name, "azure:CONTAINER", or "local:/DIR".
+// Every mount flag is accepted as an option: -o container=x,read-only,
+// block-cache-mb=512. Mounts in the background, as mount(8) expects.
+func runMountHelper(args []string) error {
+	var positional, opts []string
+	for i := 0; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "-o" && i+1 < len(args):
+			opts = append(opts, strings.Split(args[i+1], ",")...)
+			i++
+		case strings.HasPrefix(a, "-o"):
+			opts = append(opts, strings.Split(a[2:], ",")...)
+		case a == "-n", a == "-v", a == "-s", a == "-f":
+			// mount(8) passes these: no mtab, verbose, sloppy, fake.
+		case strings.HasPrefix(a, "-t"):
+			if a == "-t" {
+				i++
+			}
+		default:
+			positional = append(positional, a)
+		}
+	}
+	if len(positional) != 2 {
+		return usageError{errors.New("usage: mount.blobfs SOURCE MOUNTPOINT [-o OPTIONS]")}
+	}
+	flags, err := helperFlags(positional[0], opts)
+	if err != nil {
+		return usageError{err}
+	}
+	c := newMountConfig()
+	fl := flag.NewFlagSet("mount.blobfs", flag.ContinueOnError)
+	registerMountFlags(fl, c)
+	if err := fl.Parse(flags); err != nil {
+		return usageError{err}
+	}
+	return mountWith(c, positional[1], append(flags, positional[1]))
+}
+
+// helperFlags turns a SOURCE and -o options into mount flags.
+func helperFlags(source string, opts []string) ([]string, error) {
+	var flags []string
+	switch {
+	case strings.HasPrefix(source, "local:"):
+		flags = append(flags, "--local-dir="+strings.TrimPrefix(source, "local:"))
+	case strings.HasPrefix(source, "azure:"):
+		flags = append(flags, "--container="+strings.TrimPrefix(source, "azure:"))
+	case source == "" || source == "none" || source == "blobfs":
+	default:
+		flags = append(flags, "--container="+source)
+	}
+	for _, o := range opts {
+		o = strings.TrimSpace(o)
+		switch {
+		case o == "" || fstabIgnored[o] || strings.HasPrefix(o, "x-"):
+		case o == "ro":
+			flags = append(flags, "--read-only")
+		case o == "allow_other":
+			flags = append(flags, "--allow-other")
+		case o == "foreground" || o == "fg":
+			return nil, fmt.Errorf("option %q: mount.blobfs always detaches; use blobfs mount --foreground", o)
+		default:
+			flags = append(flags, "--"+strings.ReplaceAll(o, "_", "-"))
+		}
+	}
+	return flags, nil
+}

@@ -1,0 +1,76 @@
+// Command blobfs mounts an Azure Blob Storage container (or a local
+// directory standing in for one) as a POSIX filesystem.
+//
+//	blobfs mount [flags] MOUNTPOINT      mount (in the background unless --foreground)
+//	blobfs unmount [-z] MOUNTPOINT       unmount
+//	blobfs --version
+//
+// Installed as mount.blobfs, it is the helper that mount(8) and /etc/fstab
+// call: mount.blobfs SOURCE MOUNTPOINT [-o OPTIONS].
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	if err := run(os.Args); err != nil {
+		var u usageError
+		if errors.As(err, &u) {
+			fmt.Fprintf(os.Stderr, "blobfs: %v\n", err)
+			os.Exit(2)
+		}
+		fmt.Fprintf(os.Stderr, "blobfs: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+type usageError struct{ error }
+
+const usage = `usage:
+  blobfs mount [flags] MOUNTPOINT     mount a container (see blobfs mount --help)
+  blobfs unmount [-z] MOUNTPOINT      unmount; -z detaches a busy mount lazily
+  blobfs --version
+  mount.blobfs SOURCE MOUNTPOINT [-o OPTIONS]   (as called by mount(8) and fstab)`
+
+func run(args []string) error {
+	if strings.HasPrefix(filepath.Base(args[0]), "mount.") {
+		return runMountHelper(args[1:])
+	}
+	if len(args) < 2 {
+		return usageError{errors.New(usage)}
+	}
+	switch args[1] {
+	case "mount":
+		return runMount(args[2:])
+	case "unmount", "umount":
+		return runUnmount(args[2:])
+	case "--version", "-version", "version":
+		fmt.Println("blobfs", version)
+		return nil
+	case "-h", "--help", "help":
+		fmt.Println(usage)
+		return nil
+	}
+	return usageError{fmt.Errorf("unknown command %q\n%s", args[1], usage)}
+}
+
+func runUnmount(args []string) error {
+	fl := flag.NewFlagSet("unmount", flag.ContinueOnError)
+	lazy := fl.Bool("z", false, "lazy: detach now even if busy")
+	if err := fl.Parse(args); err != nil {
+		return usageError{err}
+	}
+	if fl.NArg() != 1 {
+		return usageError{errors.New("unmount needs exactly one MOUNTPOINT")}
+	}
+	return unmountPath(fl.Arg(0), *lazy)
+}

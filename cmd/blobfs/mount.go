@@ -1,0 +1,349 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs"
+)
+
+// mountConfig is everything `blobfs mount` is told, from flags and the
+// environment.
+type mountConfig struct {
+	// Store selection: a local directory, or an Azure container.
+	localDir  string
+	azure     blobstore.AzureConfig
+	retry     blobstore.RetryPolicy
+	fs        fusefs.Options
+	cacheMB   int64
+	readMB    int64
+	uploadMB  int64
+	umask     uint
+	uid, gid  int
+	mount     fusefs.MountOptions
+	fg        bool
+	logLevel  string
+	logFile   string
+	checkTime time.Duration
+}
+
+// registerMountFlags declares every mount flag; mount.blobfs -o options are
+// the same names. Keep README's reference table in step.
+func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
+	fl.StringVar(&c.localDir, "local-dir", "", "serve this local directory as the container (the default store when no Azure container is configured)")
+	fl.StringVar(&c.azure.Container, "container", c.azure.Container, "Azure container name (env AZURE_STORAGE_ACCOUNT_CONTAINER)")
+	fl.StringVar(&c.azure.Account, "account", c.azure.Account, "Azure storage account (env AZURE_STORAGE_ACCOUNT)")
+	fl.StringVar(&c.azure.Endpoint, "endpoint", c.azure.Endpoint, "blob service URL, e.g. http://127.0.0.1:10000/devstoreaccount1 (env AZURE_STORAGE_BLOB_ENDPOINT)")
+	fl.StringVar(&c.azure.Auth, "auth-type", c.azure.Auth, "key, sas, connstr, anonymous or azuread (env AZURE_STORAGE_AUTH_TYPE); default: whichever credential is given")
+	fl.StringVar(&c.azure.ClientID, "identity-client-id", c.azure.ClientID, "client id of a user-assigned managed identity (azuread)")
+	fl.StringVar(&c.fs.CacheDir, "cache-dir", "", "directory for spill files of files being written (default: a new directory under $TMPDIR)")
+	fl.Int64Var(&c.cacheMB, "block-cache-mb", 256, "memory for the read block cache and read-ahead, MiB")
+	fl.Int64Var(&c.readMB, "read-block-mb", 4, "size of one ranged read, MiB")
+	fl.Int64Var(&c.uploadMB, "upload-block-mb", 8, "size of one staged upload block, MiB")
+	fl.IntVar(&c.fs.UploadConcurrency, "upload-concurrency", 8, "blocks uploaded in parallel per file")
+	fl.IntVar(&c.fs.MaxReadAheadBlocks, "readahead-blocks", 0, "maximum read-ahead window in blocks (default: a quarter of the cache, at most 32)")
+	fl.DurationVar(&c.fs.AttrTimeout, "attr-timeout", time.Second, "how long file attributes are cached (0 disables)")
+	fl.DurationVar(&c.fs.EntryTimeout, "entry-timeout", time.Second, "how long name lookups are cached (0 disables)")
+	fl.DurationVar(&c.fs.NegativeTimeout, "negative-timeout", time.Second, "how long a missing name is remembered (0 disables)")
+	fl.DurationVar(&c.fs.ListTimeout, "list-timeout", time.Second, "how long directory listings are cached (0 disables)")
+	fl.BoolVar(&c.fs.ReadOnly, "read-only", false, "mount read-only")
+	fl.BoolVar(&c.mount.AllowOther, "allow-other", false, "let users other than the mounting one use the mount")
+	fl.IntVar(&c.uid, "uid", os.Getuid(), "owner of every file")
+	fl.IntVar(&c.gid, "gid", os.Getgid(), "group of every file")
+	fl.UintVar(&c.umask, "umask", 0o022, "umask applied to modes 0777 (directories) and 0666 (files)")
+	fl.IntVar(&c.mount.Readers, "fuse-readers", 8, "goroutines reading FUSE requests")
+	fl.IntVar(&c.retry.MaxAttempts, "retry-attempts", 0, "attempts per store request on throttling and transient errors (default 5)")
+	fl.DurationVar(&c.retry.MaxDelay, "retry-max-delay", 0, "longest wait between attempts (default 30s)")
+	fl.BoolVar(&c.fg, "foreground", false, "stay in the foreground (default: detach once mounted)")
+	fl.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&c.logFile, "log-file", "", "log to this file (default: stderr in the foreground, CACHE_DIR/blobfs.log in the background)")
+	fl.BoolVar(&c.mount.Debug, "debug-fuse", false, "log every FUSE request and reply (very verbose)")
+	fl.DurationVar(&c.checkTime, "check-timeout", 30*time.Second, "how long the pre-mount check of the store may take")
+}
+
+func newMountConfig() *mountConfig {
+	return &mountConfig{azure: blobstore.AzureConfigFromEnv(os.Getenv)}
+}
+
+func runMount(args []string) error {
+	c := newMountConfig()
+	fl := flag.NewFlagSet("mount", flag.ContinueOnError)
+	fl.Usage = func() {
+		fmt.Fprintln(fl.Output(), "usage: blobfs mount [flags] MOUNTPOINT")
+		fl.PrintDefaults()
+	}
+	registerMountFlags(fl, c)
+	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return usageError{err}
+	}
+	if fl.NArg() != 1 {
+		return usageError{errors.New("mount needs exactly one MOUNTPOINT (see blobfs mount --help)")}
+	}
+	return mountWith(c, fl.Arg(0), args)
+}
+
+// azureConfigured tells whether the user asked for an Azure container.
+func (c *mountConfig) azureConfigured() bool {
+	a := c.azure
+	return c.localDir == "" && (a.Container != "" || a.Account != "" || a.ConnectionString != "" || a.Endpoint != "")
+}
+
+// defaultLocalDir is the embedded default store.
+func defaultLocalDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/blobfs/local"
+	}
+	if d, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(d, ".local", "share", "blobfs", "local")
+	}
+	return filepath.Join(os.TempDir(), "blobfs-local")
+}
+
+// openStore builds the store and checks it before anything is mounted.
+func (c *mountConfig) openStore(ctx context.Context) (blobstore.Store, string, error) {
+	var (
+		raw  blobstore.Store
+		desc string
+	)
+	if c.azureConfigured() {
+		if c.azure.Container == "" {
+			return nil, "", errors.New("no container given: set --container or AZURE_STORAGE_ACCOUNT_CONTAINER")
+		}
+		if err := c.azure.Validate(); err != nil {
+			return nil, "", err
+		}
+		az, err := blobstore.NewAzure(c.azure)
+		if err != nil {
+			return nil, "", err
+		}
+		raw, desc = az, c.azure.String()
+	} else {
+		dir := c.localDir
+		if dir == "" {
+			dir = defaultLocalDir()
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, "", fmt.Errorf("local store: %w", err)
+		}
+		l, err := blobstore.NewLocal(dir)
+		if err != nil {
+			return nil, "", err
+		}
+		raw, desc = l, "local directory "+dir
+	}
+	store := blobstore.NewRetrying(raw, c.retry)
+	cctx, cancel := context.WithTimeout(ctx, c.checkTime)
+	defer cancel()
+	if err := store.Check(cctx); err != nil {
+		return nil, "", fmt.Errorf("%s: %w", desc, err)
+	}
+	return store, desc, nil
+}
+
+func (c *mountConfig) fsOptions(logger *slog.Logger) (fusefs.Options, error) {
+	o := c.fs
+	o.BlockCacheBytes = c.cacheMB << 20
+	o.ReadBlockSize = c.readMB << 20
+	o.UploadBlockSize = c.uploadMB << 20
+	if c.uid < 0 || c.gid < 0 {
+		return o, errors.New("uid and gid must not be negative")
+	}
+	o.UID, o.GID, o.Umask = uint32(c.uid), uint32(c.gid), uint32(c.umask)
+	for _, t := range []*time.Duration{&o.AttrTimeout, &o.EntryTimeout, &o.NegativeTimeout, &o.ListTimeout} {
+		if *t == 0 {
+			*t = -1 // the flag's 0 means "disabled"; Options' 0 means default
+		}
+	}
+	o.Logger = logger
+	return o, nil
+}
+
+func newLogger(level, file string, fallback io.Writer) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, usageError{fmt.Errorf("--log-level: %v", err)}
+	}
+	w := fallback
+	if file != "" {
+		f, err := os.OpenFile(file, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("log file: %w", err)
+		}
+		w = f
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+// readyEnv names the fd on which a background child reports "mounted" (or
+// an error) to the parent waiting in the foreground.
+const readyEnv = "BLOBFS_READY_FD"
+
+func mountWith(c *mountConfig, mountpoint string, args []string) error {
+	mp, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return err
+	}
+	if !c.fg && os.Getenv(readyEnv) == "" {
+		return daemonize(args)
+	}
+	logFile := c.logFile
+	if logFile == "" && os.Getenv(readyEnv) != "" && c.fs.CacheDir != "" {
+		logFile = filepath.Join(c.fs.CacheDir, "blobfs.log")
+	}
+	logger, err := newLogger(c.logLevel, logFile, os.Stderr)
+	if err != nil {
+		return err
+	}
+	ready := func(error) {}
+	if fdStr := os.Getenv(readyEnv); fdStr != "" {
+		var fd int
+		fmt.Sscan(fdStr, &fd)
+		pipe := os.NewFile(uintptr(fd), "ready")
+		os.Unsetenv(readyEnv)
+		ready = func(err error) {
+			if err != nil {
+				fmt.Fprintln(pipe, err)
+			} else {
+				fmt.Fprintln(pipe, "ok")
+			}
+			pipe.Close()
+		}
+	}
+	err = serve(c, mp, logger, ready)
+	if err != nil {
+		ready(err)
+	}
+	return err
+}
+
+func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error)) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	store, desc, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	opts, err := c.fsOptions(logger)
+	if err != nil {
+		return err
+	}
+	fsys, err := fusefs.New(store, opts)
+	if err != nil {
+		return err
+	}
+	defer fsys.Close()
+	// Keep the heap near what the caches are allowed, so that the process
+	// stays within its configured memory.
+	debug.SetMemoryLimit(fsys.Options().BlockCacheBytes + 256<<20)
+
+	mo := c.mount
+	mo.ReadOnly = opts.ReadOnly
+	mo.FsName = "blobfs"
+	mo.Logger = logger
+	sess, err := fusefs.Mount(mp, fsys, mo)
+	if err != nil {
+		return err
+	}
+	logger.Info("mounted", "store", desc, "mountpoint", mp)
+	if os.Getenv(readyEnv) == "" {
+		fmt.Fprintf(os.Stderr, "blobfs: mounted %s at %s\n", desc, mp)
+	}
+	ready(nil)
+
+	done := make(chan error, 1)
+	go func() { done <- sess.Wait() }()
+	select {
+	case err := <-done:
+		// Unmounted from outside (umount, blobfs unmount).
+		logger.Info("unmounted", "mountpoint", mp)
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if serr := fsys.Sync(sctx); serr != nil {
+			logger.Error("upload after unmount failed", "err", serr)
+		}
+		return err
+	case <-ctx.Done():
+	}
+	logger.Info("signal: uploading dirty files and unmounting", "mountpoint", mp)
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := fsys.Sync(sctx); err != nil {
+		logger.Error("upload before unmount failed; data kept in the cache directory", "err", err)
+	}
+	if err := sess.Unmount(false); err != nil {
+		logger.Warn("mount busy; detaching lazily", "err", err)
+		if err := fusefs.Unmount(mp, true); err != nil {
+			return fmt.Errorf("unmount %s: %w", mp, err)
+		}
+		<-done
+	}
+	return nil
+}
+
+// daemonize re-runs this command in the background and returns once the
+// child has mounted (or failed, with its error).
+func daemonize(args []string) error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(exe, append([]string{"mount"}, args...)...)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=3", readyEnv))
+	cmd.ExtraFiles = []*os.File{w}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer devnull.Close()
+	cmd.Stdin = devnull
+	cmd.Stdout = devnull
+	cmd.Stderr = os.Stderr // pre-mount errors still reach the terminal
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	w.Close()
+	line, _ := bufio.NewReader(r).ReadString('\n')
+	line = strings.TrimSpace(line)
+	if line == "ok" {
+		cmd.Process.Release()
+		return nil
+	}
+	cmd.Wait()
+	if line == "" {
+		return errors.New("background mount exited before mounting")
+	}
+	return errors.New(line)
+}
+
+func unmountPath(mp string, lazy bool) error {
+	abs, err := filepath.Abs(mp)
+	if err != nil {
+		return err
+	}
+	if err := fusefs.Unmount(abs, lazy); err != nil {
+		return fmt.Errorf("unmount %s: %w", abs, err)
+	}
+	return nil
+}

@@ -1,0 +1,42 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// toStatus maps an error from the store or the local disk to the errno the
+// application sees. It is the only place that does so: go-fuse's own
+// fuse.ToStatus does not unwrap %w chains.
+func toStatus(err error) fuse.Status {
+	var errno syscall.Errno
+	switch {
+	case err == nil:
+		return fuse.OK
+	case errors.Is(err, blobstore.ErrNotFound), errors.Is(err, fs.ErrNotExist):
+		return fuse.ENOENT
+	case errors.Is(err, blobstore.ErrAlreadyExists), errors.Is(err, fs.ErrExist):
+		return fuse.Status(syscall.EEXIST)
+	case errors.Is(err, blobstore.ErrPreconditionFailed):
+		// Someone else changed the blob under an open file.
+		return fuse.Status(syscall.ESTALE)
+	case errors.Is(err, blobstore.ErrUnauthorized):
+		return fuse.EACCES
+	case errors.Is(err, blobstore.ErrInvalidName):
+		return fuse.EINVAL
+	case errors.Is(err, context.Canceled):
+		return fuse.EINTR
+	case errors.As(err, &errno):
+		return fuse.Status(errno)
+	default:
+		// Throttling and transient failures that outlived the retry
+		// budget, and anything unknown.
+		return fuse.EIO
+	}
+}

@@ -1,0 +1,400 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// handle is an open file or directory, named by the id the kernel holds.
+type handle struct {
+	id    uint64
+	n     *node
+	of    *openFile // files only
+	write bool
+
+	raMu     sync.Mutex
+	raNext   int64 // where a sequential read continues
+	raWindow int   // blocks read ahead; grows while reads stay sequential
+
+	dirMu     sync.Mutex
+	dirItems  []dirItem // snapshot taken at offset 0
+	dirLoaded bool
+}
+
+func (fs *FS) newHandleLocked(n *node, of *openFile, write bool) *handle {
+	h := &handle{id: fs.nextHandle, n: n, of: of, write: write}
+	fs.nextHandle++
+	fs.handles[h.id] = h
+	return h
+}
+
+func (fs *FS) handle(fh uint64) *handle {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.handles[fh]
+}
+
+// acquireFile returns n's shared open state with one more reference.
+func (fs *FS) acquireFile(n *node) *openFile {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.acquireFileLocked(n)
+}
+
+func (fs *FS) acquireFileLocked(n *node) *openFile {
+	if n.file == nil {
+		n.file = &openFile{fs: fs, n: n}
+	}
+	n.file.refs++
+	return n.file
+}
+
+// releaseFile drops a reference. The last one commits what is dirty; if
+// that fails for a reason that may pass, a background retry keeps the data
+// and tries again; otherwise the spill file is kept in lost+found.
+func (fs *FS) releaseFile(of *openFile) {
+	fs.mu.Lock()
+	of.refs--
+	last := of.refs == 0
+	fs.mu.Unlock()
+	if !last {
+		return
+	}
+	if err := of.commit(fs.ctx); err != nil {
+		if blobstore.Retryable(err) && fs.ctx.Err() == nil {
+			fs.log.Warn("upload failed; retrying in the background", "err", err)
+			fs.retryCommit(of)
+			return
+		}
+		path, _ := fs.pathOf(of.n)
+		kept := of.keepSpill(path)
+		fs.log.Error("upload failed; data kept on local disk", "path", path, "kept", kept, "err", err)
+	}
+	fs.mu.Lock()
+	drop := of.refs == 0
+	if drop {
+		of.n.file = nil
+		fs.nodes.maybeDrop(of.n)
+	}
+	fs.mu.Unlock()
+	if drop {
+		of.close()
+	}
+}
+
+// retryCommit keeps retrying an upload that failed at release, holding a
+// reference so the data stays readable through the mount meanwhile.
+func (fs *FS) retryCommit(of *openFile) {
+	fs.mu.Lock()
+	of.refs++
+	fs.mu.Unlock()
+	fs.bg.Add(1)
+	go func() {
+		defer fs.bg.Done()
+		delay := time.Second
+		for {
+			select {
+			case <-time.After(delay):
+			case <-fs.ctx.Done():
+			}
+			ctx, cf := context.WithTimeout(context.Background(), 5*time.Minute)
+			err := of.commit(ctx)
+			cf()
+			if err == nil || fs.ctx.Err() != nil || !blobstore.Retryable(err) {
+				if err != nil {
+					path, _ := fs.pathOf(of.n)
+					kept := of.keepSpill(path)
+					fs.log.Error("upload failed; data kept on local disk", "path", path, "kept", kept, "err", err)
+				}
+				fs.releaseFile(of)
+				return
+			}
+			delay = min(delay*2, time.Minute)
+		}
+	}()
+}
+
+// committed records a successful upload of n.
+func (fs *FS) committed(n *node, path string, a blobstore.Attrs, size int64) {
+	e := entryFromAttrs(a)
+	e.size = size
+	fs.mu.Lock()
+	n.inStore = true
+	n.etag, n.size, n.mtime = a.ETag, size, e.mtime
+	n.attrExpiry = time.Now().Add(fs.opts.AttrTimeout)
+	fs.mu.Unlock()
+	dir, name := splitPath(path)
+	fs.lists.set(dir, name, e)
+}
+
+func splitPath(p string) (dir, name string) {
+	for i := len(p) - 1; i >= 0; i-- {
+		if p[i] == '/' {
+			return p[:i], p[i+1:]
+		}
+	}
+	return "", p
+}
+
+func isWrite(flags uint32) bool { return flags&syscall.O_ACCMODE != syscall.O_RDONLY }
+
+func (fs *FS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	n, path, st := fs.node(in.NodeId)
+	if !st.Ok() {
+		return st
+	}
+	switch n.kind {
+	case kindDir:
+		return fuse.Status(syscall.EISDIR)
+	case kindSymlink:
+		return fuse.Status(syscall.ELOOP)
+	}
+	write := isWrite(in.Flags)
+	if write && fs.opts.ReadOnly {
+		return fuse.EROFS
+	}
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+
+	// Revalidate so that reads see the blob as it is now.
+	fs.mu.Lock()
+	fresh := fs.attrFresh(n)
+	fs.mu.Unlock()
+	if !fresh {
+		a, err := fs.store.Stat(ctx, path)
+		if err != nil {
+			return toStatus(err)
+		}
+		fs.mu.Lock()
+		fs.applyEntryLocked(n, entryFromAttrs(a))
+		fs.mu.Unlock()
+	}
+
+	of := fs.acquireFile(n)
+	if write && in.Flags&syscall.O_TRUNC != 0 {
+		if err := of.truncate(ctx, 0); err != nil {
+			fs.releaseFile(of)
+			return toStatus(err)
+		}
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	h := fs.newHandleLocked(n, of, write)
+	out.Fh = h.id
+	// The kernel may keep cached pages when the blob is the one it cached.
+	if !of.hasSpill.Load() && n.etag != "" && n.etag == n.lastOpenETag {
+		out.OpenFlags |= fuse.FOPEN_KEEP_CACHE
+	}
+	n.lastOpenETag = n.etag
+	return fuse.OK
+}
+
+func (fs *FS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
+	dir, dirPath, st := fs.node(in.NodeId)
+	if !st.Ok() {
+		return st
+	}
+	if fs.opts.ReadOnly {
+		return fuse.EROFS
+	}
+	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
+		return st
+	}
+	if in.Mode&syscall.S_IFMT != 0 && in.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return fuse.EPERM
+	}
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+
+	fs.mu.Lock()
+	n := fs.nodes.bind(dir.id, name, kindFile)
+	if n.file == nil {
+		n.inStore = false
+	}
+	n.size, n.mtime = 0, time.Now()
+	of := fs.acquireFileLocked(n)
+	fs.mu.Unlock()
+
+	if err := of.truncate(ctx, 0); err != nil {
+		fs.releaseFile(of)
+		return toStatus(err)
+	}
+	of.mu.Lock()
+	of.exclusive = in.Flags&syscall.O_EXCL != 0
+	of.mu.Unlock()
+	fs.lists.set(dirPath, name, dirEntry{kind: kindFile, mtime: time.Now(), pending: true})
+
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	n.lookups++
+	fs.fillEntry(n, &out.EntryOut)
+	h := fs.newHandleLocked(n, of, true)
+	out.Fh = h.id
+	return fuse.OK
+}
+
+// checkNew validates a name about to be created in dir.
+func (fs *FS) checkNew(dir *node, dirPath, name string) fuse.Status {
+	if dir.kind != kindDir {
+		return fuse.ENOTDIR
+	}
+	if st := checkName(name); !st.Ok() {
+		return st
+	}
+	return checkPath(joinPath(dirPath, name))
+}
+
+func (fs *FS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
+	h := fs.handle(in.Fh)
+	if h == nil || h.of == nil {
+		return nil, fuse.EBADF
+	}
+	buf = buf[:min(len(buf), int(in.Size))]
+	off := int64(in.Offset)
+	if n, ok, err := h.of.readLocal(buf, off); ok {
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return fuse.ReadResultData(buf[:n]), fuse.OK
+	}
+	path, etag, size, inStore, ok := fs.fileState(h.n)
+	if !ok {
+		return nil, fuse.Status(syscall.ESTALE)
+	}
+	if !inStore || off >= size {
+		return fuse.ReadResultData(nil), fuse.OK
+	}
+	fs.readAhead(h, path, etag, size, off, len(buf))
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+	n, err := fs.blocks.read(ctx, path, etag, size, buf, off)
+	if errors.Is(err, blobstore.ErrPreconditionFailed) {
+		// The blob was replaced (by a rename's copy, or another
+		// writer): read what is there now.
+		var a blobstore.Attrs
+		if a, err = fs.store.Stat(ctx, path); err == nil {
+			fs.mu.Lock()
+			fs.applyEntryLocked(h.n, entryFromAttrs(a))
+			fs.mu.Unlock()
+			n, err = fs.blocks.read(ctx, path, a.ETag, a.Size, buf, off)
+		}
+	}
+	if err != nil {
+		fs.log.Warn("read failed", "path", path, "off", off, "err", err)
+		return nil, toStatus(err)
+	}
+	return fuse.ReadResultData(buf[:n]), fuse.OK
+}
+
+// readAhead detects sequential reads on a handle and keeps a window of
+// blocks beyond the read being fetched in the background. The window starts
+// at one block and doubles with every sequential read up to
+// Options.MaxReadAheadBlocks; a seek resets it.
+func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) {
+	h.raMu.Lock()
+	if off == h.raNext {
+		h.raWindow = min(max(h.raWindow*2, 1), fs.opts.MaxReadAheadBlocks)
+	} else {
+		h.raWindow = 0
+	}
+	h.raNext = off + int64(n)
+	window := h.raWindow
+	h.raMu.Unlock()
+	if window == 0 {
+		return
+	}
+	bs := fs.opts.ReadBlockSize
+	last := (min(off+int64(n), size) - 1) / bs
+	for i := int64(1); i <= int64(window); i++ {
+		fs.blocks.prefetch(blockKey{path, etag, last + i}, size)
+	}
+}
+
+func (fs *FS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
+	h := fs.handle(in.Fh)
+	if h == nil || h.of == nil || !h.write {
+		return 0, fuse.EBADF
+	}
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+	if err := h.of.write(ctx, data, int64(in.Offset)); err != nil {
+		fs.log.Warn("write failed", "err", err)
+		return 0, toStatus(err)
+	}
+	fs.mu.Lock()
+	h.n.mtime = time.Now()
+	fs.mu.Unlock()
+	return uint32(len(data)), fuse.OK
+}
+
+// Flush runs at every close(2): this is where upload errors reach the
+// application.
+func (fs *FS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Status {
+	h := fs.handle(in.Fh)
+	if h == nil || h.of == nil {
+		return fuse.EBADF
+	}
+	return fs.commit(cancel, h)
+}
+
+func (fs *FS) Fsync(cancel <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
+	h := fs.handle(in.Fh)
+	if h == nil || h.of == nil {
+		return fuse.EBADF
+	}
+	return fs.commit(cancel, h)
+}
+
+func (fs *FS) commit(cancel <-chan struct{}, h *handle) fuse.Status {
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+	if err := h.of.commit(ctx); err != nil {
+		fs.log.Warn("commit failed", "err", err)
+		if errors.Is(err, context.Canceled) {
+			return fuse.EINTR
+		}
+		if errors.Is(err, blobstore.ErrPreconditionFailed) || errors.Is(err, blobstore.ErrAlreadyExists) {
+			return toStatus(err)
+		}
+		return fuse.EIO
+	}
+	return fuse.OK
+}
+
+func (fs *FS) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
+	fs.mu.Lock()
+	h := fs.handles[in.Fh]
+	delete(fs.handles, in.Fh)
+	fs.mu.Unlock()
+	if h != nil && h.of != nil {
+		fs.releaseFile(h.of)
+	}
+}
+
+// Sync uploads every dirty file; used before unmounting.
+func (fs *FS) Sync(ctx context.Context) error {
+	fs.mu.Lock()
+	var files []*openFile
+	seen := map[*openFile]bool{}
+	for _, h := range fs.handles {
+		if h.of != nil && !seen[h.of] {
+			seen[h.of] = true
+			files = append(files, h.of)
+		}
+	}
+	fs.mu.Unlock()
+	var errs []error
+	for _, of := range files {
+		if err := of.commit(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,519 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// FS is the blobfs filesystem: a fuse.RawFileSystem over one container.
+// It can be driven by any FUSE transport; Mount serves it on /dev/fuse.
+//
+// The storage layout is blobfuse2's, so containers are interchangeable:
+// directories are name prefixes plus zero-length marker blobs with metadata
+// hdi_isfolder=true, symlinks are blobs with is_symlink=true whose content is
+// the target.
+type FS struct {
+	fuse.RawFileSystem // ENOSYS for the operations not implemented here
+
+	store    blobstore.Store
+	opts     Options
+	log      *slog.Logger
+	spillDir string
+	blocks   *blockCache
+	lists    *listCache
+
+	// ctx lives as long as the filesystem; background work uses it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	bg     sync.WaitGroup
+
+	mu         sync.Mutex
+	nodes      *nodeTable         // guarded by mu
+	handles    map[uint64]*handle // guarded by mu
+	nextHandle uint64             // guarded by mu
+}
+
+var _ fuse.RawFileSystem = (*FS)(nil)
+
+// errStale reports a node the filesystem no longer knows.
+var errStale = errors.New("stale node")
+
+// New returns a filesystem over store. Options are validated here.
+func New(store blobstore.Store, opts Options) (*FS, error) {
+	if store == nil {
+		return nil, errors.New("fusefs: nil store")
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	spillDir := filepath.Join(opts.CacheDir, "spill")
+	if err := os.MkdirAll(spillDir, 0o700); err != nil {
+		return nil, fmt.Errorf("spill directory: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	fs := &FS{
+		RawFileSystem: fuse.NewDefaultRawFileSystem(),
+		store:         store,
+		opts:          opts,
+		log:           opts.Logger,
+		spillDir:      spillDir,
+		blocks:        newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes, max(opts.MaxReadAheadBlocks, 4)),
+		lists:         newListCache(opts.ListTimeout, 1_000_000),
+		ctx:           ctx,
+		cancel:        cancel,
+		nodes:         newNodeTable(),
+		handles:       map[uint64]*handle{},
+		nextHandle:    1,
+	}
+	return fs, nil
+}
+
+// Options returns the options in effect, defaults filled in.
+func (fs *FS) Options() Options { return fs.opts }
+
+func (fs *FS) String() string { return "blobfs" }
+
+func (fs *FS) SetDebug(bool) {}
+
+// Init is not called by the ProtocolServer transport; the session handles
+// INIT itself.
+func (fs *FS) Init(*fuse.Server) {}
+
+// reqContext turns a request's cancel channel (closed on FUSE_INTERRUPT)
+// into a context.
+func (fs *FS) reqContext(cancel <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cf := context.WithCancel(fs.ctx)
+	if cancel != nil {
+		go func() {
+			select {
+			case <-cancel:
+				cf()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return ctx, cf
+}
+
+// --- attributes --------------------------------------------------------
+
+func (fs *FS) fillAttr(n *node, a *fuse.Attr) {
+	*a = fuse.Attr{Ino: n.id, Owner: fuse.Owner{Uid: fs.opts.UID, Gid: fs.opts.GID}, Blksize: 1 << 20}
+	size := n.size
+	if n.file != nil {
+		if s, ok := n.file.localSize(); ok {
+			size = s
+		}
+	}
+	switch n.kind {
+	case kindDir:
+		a.Mode = syscall.S_IFDIR | (0o777 &^ fs.opts.Umask)
+		a.Nlink = 2
+		a.Size = 4096
+	case kindSymlink:
+		a.Mode = syscall.S_IFLNK | 0o777
+		a.Nlink = 1
+		a.Size = uint64(size)
+	default:
+		a.Mode = syscall.S_IFREG | (0o666 &^ fs.opts.Umask)
+		a.Nlink = 1
+		a.Size = uint64(size)
+	}
+	a.Blocks = (a.Size + 511) / 512
+	mt := n.mtime
+	if mt.IsZero() {
+		mt = fs.nodes.rootTime
+	}
+	a.SetTimes(&mt, &mt, &mt)
+}
+
+func (fs *FS) fillEntry(n *node, out *fuse.EntryOut) {
+	out.NodeId = n.id
+	out.Generation = 1
+	out.SetEntryTimeout(fs.opts.EntryTimeout)
+	out.SetAttrTimeout(fs.opts.AttrTimeout)
+	fs.fillAttr(n, &out.Attr)
+}
+
+// applyEntryLocked records what the store (or a listing) says about n,
+// unless n's content is held locally and newer.
+func (fs *FS) applyEntryLocked(n *node, e dirEntry) {
+	if n.file != nil && n.file.hasSpill.Load() {
+		return
+	}
+	n.size, n.mtime, n.etag = e.size, e.mtime, e.etag
+	n.inStore = !e.pending
+	if e.target != "" {
+		n.target = e.target
+	}
+	n.attrExpiry = time.Now().Add(fs.opts.AttrTimeout)
+}
+
+func (fs *FS) attrFresh(n *node) bool {
+	if n.kind == kindDir {
+		return true // directories carry no data to go stale
+	}
+	if !n.inStore || (n.file != nil && n.file.hasSpill.Load()) {
+		return true
+	}
+	return time.Now().Before(n.attrExpiry)
+}
+
+// bindingFresh tells whether n's name can be trusted without asking the
+// store again.
+func (fs *FS) bindingFresh(n *node) bool {
+	if n.kind == kindDir {
+		return time.Now().Before(n.attrExpiry)
+	}
+	return fs.attrFresh(n)
+}
+
+// pathOf returns the blob name of n.
+func (fs *FS) pathOf(n *node) (string, bool) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.nodes.path(n)
+}
+
+// fileState returns what a read from the store needs about n.
+func (fs *FS) fileState(n *node) (path, etag string, size int64, inStore, ok bool) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	path, ok = fs.nodes.path(n)
+	return path, n.etag, n.size, n.inStore, ok
+}
+
+// node returns the node for id and its path.
+func (fs *FS) node(id uint64) (*node, string, fuse.Status) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	n := fs.nodes.get(id)
+	if n == nil {
+		return nil, "", fuse.Status(syscall.ESTALE)
+	}
+	p, ok := fs.nodes.path(n)
+	if !ok {
+		// Unlinked but still open: reachable by handle only.
+		return n, "", fuse.ENOENT
+	}
+	return n, p, fuse.OK
+}
+
+// --- resolving names ---------------------------------------------------
+
+// probe asks the store what path is: a blob, a directory (marker or
+// prefix), or nothing. Two requests run in parallel; a name that is both a
+// blob and a prefix is a directory.
+func (fs *FS) probe(ctx context.Context, path string) (dirEntry, error) {
+	var (
+		attrs   blobstore.Attrs
+		statErr error
+		page    blobstore.ListPage
+	)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		attrs, statErr = fs.store.Stat(gctx, path)
+		if errors.Is(statErr, blobstore.ErrNotFound) {
+			return nil
+		}
+		return statErr
+	})
+	g.Go(func() error {
+		var err error
+		page, err = fs.store.List(gctx, blobstore.ListOptions{Prefix: path + "/", Delimiter: "/", MaxResults: 1})
+		return err
+	})
+	if err := g.Wait(); err != nil {
+		return dirEntry{}, err
+	}
+	if len(page.Blobs) > 0 || len(page.Prefixes) > 0 {
+		e := dirEntry{kind: kindDir}
+		if statErr == nil {
+			e.mtime = attrs.ModTime
+		}
+		return e, nil
+	}
+	if statErr != nil {
+		return dirEntry{}, statErr
+	}
+	return entryFromAttrs(attrs), nil
+}
+
+// resolve finds name in directory dir and returns its node (no lookup
+// reference taken).
+func (fs *FS) resolve(ctx context.Context, dir *node, dirPath, name string) (*node, error) {
+	fs.mu.Lock()
+	if n := fs.nodes.child(dir.id, name); n != nil && fs.bindingFresh(n) {
+		fs.mu.Unlock()
+		return n, nil
+	}
+	fs.mu.Unlock()
+
+	path := joinPath(dirPath, name)
+	e, found, ok := fs.lists.lookup(dirPath, name)
+	if ok && !found {
+		return nil, blobstore.ErrNotFound
+	}
+	if !ok {
+		var err error
+		if e, err = fs.probe(ctx, path); err != nil {
+			return nil, err
+		}
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	n := fs.nodes.bind(dir.id, name, e.kind)
+	fs.applyEntryLocked(n, e)
+	return n, nil
+}
+
+// --- FUSE operations: names and attributes ------------------------------
+
+func (fs *FS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	dir, dirPath, st := fs.node(h.NodeId)
+	if !st.Ok() {
+		return st
+	}
+	if dir.kind != kindDir {
+		return fuse.ENOTDIR
+	}
+	if st := checkName(name); !st.Ok() {
+		if st == fuse.Status(syscall.ENAMETOOLONG) {
+			return st
+		}
+		// Such a name cannot exist in the store.
+		return fuse.ENOENT
+	}
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+	n, err := fs.resolve(ctx, dir, dirPath, name)
+	if errors.Is(err, blobstore.ErrNotFound) {
+		// A negative entry: the kernel remembers "no such name".
+		out.NodeId = 0
+		out.SetEntryTimeout(fs.opts.NegativeTimeout)
+		if fs.opts.NegativeTimeout == 0 {
+			return fuse.ENOENT
+		}
+		return fuse.OK
+	}
+	if err != nil {
+		fs.log.Warn("lookup failed", "path", joinPath(dirPath, name), "err", err)
+		return toStatus(err)
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	n.lookups++
+	fs.fillEntry(n, out)
+	return fuse.OK
+}
+
+func (fs *FS) Forget(nodeid, nlookup uint64) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.nodes.forget(nodeid, nlookup)
+}
+
+func (fs *FS) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
+	fs.mu.Lock()
+	n := fs.nodes.get(in.NodeId)
+	if n == nil {
+		fs.mu.Unlock()
+		return fuse.Status(syscall.ESTALE)
+	}
+	path, attached := fs.nodes.path(n)
+	if fs.attrFresh(n) || !attached {
+		fs.fillAttr(n, &out.Attr)
+		fs.mu.Unlock()
+		out.SetTimeout(fs.opts.AttrTimeout)
+		return fuse.OK
+	}
+	fs.mu.Unlock()
+
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+	a, err := fs.store.Stat(ctx, path)
+	if err != nil {
+		if !errors.Is(err, blobstore.ErrNotFound) {
+			fs.log.Warn("getattr failed", "path", path, "err", err)
+		}
+		return toStatus(err)
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.applyEntryLocked(n, entryFromAttrs(a))
+	fs.fillAttr(n, &out.Attr)
+	out.SetTimeout(fs.opts.AttrTimeout)
+	return fuse.OK
+}
+
+func (fs *FS) SetAttr(cancel <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) fuse.Status {
+	n, path, st := fs.node(in.NodeId)
+	if n == nil {
+		return st
+	}
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+
+	fs.mu.Lock()
+	var current fuse.Attr
+	fs.fillAttr(n, &current)
+	fs.mu.Unlock()
+	// Ownership and permissions are the mount's, not the blob's.
+	if mode, ok := in.GetMode(); ok && mode&0o7777 != current.Mode&0o7777 {
+		return fuse.EPERM
+	}
+	if uid, ok := in.GetUID(); ok && uid != current.Uid {
+		return fuse.EPERM
+	}
+	if gid, ok := in.GetGID(); ok && gid != current.Gid {
+		return fuse.EPERM
+	}
+	size, setSize := in.GetSize()
+	mtime, setMtime := in.GetMTime()
+	if (setSize || setMtime) && fs.opts.ReadOnly {
+		return fuse.EROFS
+	}
+	if setSize {
+		if n.kind != kindFile {
+			return fuse.EINVAL
+		}
+		if err := fs.truncate(ctx, n, int64(size)); err != nil {
+			fs.log.Warn("truncate failed", "path", path, "err", err)
+			return toStatus(err)
+		}
+	}
+	if setMtime && n.kind != kindDir {
+		// Directory times are not stored (blobfuse2 does not either);
+		// accepting them keeps tar and rsync working.
+		if err := fs.setMtime(ctx, n, path, mtime); err != nil {
+			fs.log.Warn("utimes failed", "path", path, "err", err)
+			return toStatus(err)
+		}
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.fillAttr(n, &out.Attr)
+	out.SetTimeout(fs.opts.AttrTimeout)
+	return fuse.OK
+}
+
+// truncate sets a file's size, through its open state if it has one, else
+// with a short-lived one committed at once.
+func (fs *FS) truncate(ctx context.Context, n *node, size int64) error {
+	of := fs.acquireFile(n)
+	defer fs.releaseFile(of)
+	if err := of.truncate(ctx, size); err != nil {
+		return err
+	}
+	fs.mu.Lock()
+	n.mtime = time.Now()
+	open := of.refs > 1
+	fs.mu.Unlock()
+	if open {
+		return nil // committed at flush/release of the handles
+	}
+	return of.commit(ctx)
+}
+
+func (fs *FS) setMtime(ctx context.Context, n *node, path string, mtime time.Time) error {
+	fs.mu.Lock()
+	of := n.file
+	local := of != nil && of.hasSpill.Load()
+	if !local {
+		n.mtime = mtime
+	}
+	fs.mu.Unlock()
+	if local {
+		of.setMtime(mtime)
+		fs.mu.Lock()
+		n.mtime = mtime
+		fs.mu.Unlock()
+		return nil
+	}
+	if path == "" {
+		return nil
+	}
+	a, err := fs.store.Stat(ctx, path)
+	if err != nil {
+		return err
+	}
+	md := copyMeta(a.Metadata)
+	md[blobstore.MetaMtime] = fmt.Sprint(mtime.UnixNano())
+	a, err = fs.store.SetMetadata(ctx, path, md, blobstore.Conditions{IfMatch: a.ETag})
+	if err != nil {
+		return err
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.applyEntryLocked(n, entryFromAttrs(a))
+	return nil
+}
+
+func (fs *FS) StatFs(cancel <-chan struct{}, h *fuse.InHeader, out *fuse.StatfsOut) fuse.Status {
+	// A container has no fixed capacity: report a large, constant one so
+	// that tools checking free space proceed.
+	const blocks = 1 << 40
+	*out = fuse.StatfsOut{
+		Blocks: blocks, Bfree: blocks, Bavail: blocks,
+		Files: 1 << 32, Ffree: 1 << 32,
+		Bsize: 4096, Frsize: 4096, NameLen: maxComponent,
+	}
+	return fuse.OK
+}
+
+func (fs *FS) Access(cancel <-chan struct{}, in *fuse.AccessIn) fuse.Status {
+	if in.Mask&fuse.W_OK != 0 && fs.opts.ReadOnly {
+		return fuse.EROFS
+	}
+	return fuse.OK
+}
+
+// Extended attributes are not stored.
+func (fs *FS) GetXAttr(cancel <-chan struct{}, h *fuse.InHeader, attr string, dest []byte) (uint32, fuse.Status) {
+	return 0, fuse.ENOATTR
+}
+
+func (fs *FS) ListXAttr(cancel <-chan struct{}, h *fuse.InHeader, dest []byte) (uint32, fuse.Status) {
+	return 0, fuse.OK
+}
+
+func (fs *FS) SetXAttr(cancel <-chan struct{}, in *fuse.SetXAttrIn, attr string, data []byte) fuse.Status {
+	return fuse.ENOTSUP
+}
+
+func (fs *FS) RemoveXAttr(cancel <-chan struct{}, h *fuse.InHeader, attr string) fuse.Status {
+	return fuse.ENOATTR
+}
+
+func (fs *FS) Link(cancel <-chan struct{}, in *fuse.LinkIn, name string, out *fuse.EntryOut) fuse.Status {
+	return fuse.EPERM // blobs cannot share content
+}
+
+func (fs *FS) Fallocate(cancel <-chan struct{}, in *fuse.FallocateIn) fuse.Status {
+	return fuse.ENOTSUP
+}
+
+func (fs *FS) Tmpfile(cancel <-chan struct{}, in *fuse.CreateIn, out *fuse.CreateOut) fuse.Status {
+	return fuse.ENOTSUP
+}
+
+// Close stops background work. Call it after the mount is gone; a file
+// whose upload is still being retried gets one last attempt, and its data is
+// kept on local disk if that fails too.
+func (fs *FS) Close() {
+	fs.cancel()
+	fs.bg.Wait()
+}

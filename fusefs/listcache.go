@@ -1,0 +1,165 @@
+package fusefs
+
+import (
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// listCache remembers directory listings for Options.ListTimeout so that
+// lookups and getattrs of the names in a freshly listed directory (the
+// `ls -l` pattern) cost no request, and so that a lookup in a directory this
+// mount has just created or listed needs no request to say "no such name".
+//
+// Listings are updated in place by this mount's own changes (create, mkdir,
+// unlink, rename, commit); changes by other writers show up once the entry
+// expires. Memory is bounded by maxEntries names over all listings: the
+// oldest listings are dropped first.
+type listCache struct {
+	ttl        time.Duration
+	maxEntries int
+
+	mu    sync.Mutex
+	dirs  map[string]*listing // guarded by mu
+	total int                 // names in all listings; guarded by mu
+}
+
+type listing struct {
+	expiry  time.Time
+	entries map[string]dirEntry
+}
+
+// dirEntry is what a listing says about one name.
+type dirEntry struct {
+	kind    nodeKind
+	size    int64
+	mtime   time.Time
+	etag    string
+	target  string // symlinks: unknown ("") in listings
+	pending bool   // created here, not yet committed
+}
+
+func newListCache(ttl time.Duration, maxEntries int) *listCache {
+	return &listCache{ttl: ttl, maxEntries: maxEntries, dirs: map[string]*listing{}}
+}
+
+// put stores a complete listing of dir.
+func (c *listCache) put(dir string, entries map[string]dirEntry) {
+	if c.ttl <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dropLocked(dir)
+	for c.total+len(entries) > c.maxEntries && len(c.dirs) > 0 {
+		c.evictOldestLocked()
+	}
+	if len(entries) > c.maxEntries {
+		return
+	}
+	c.dirs[dir] = &listing{expiry: time.Now().Add(c.ttl), entries: entries}
+	c.total += len(entries)
+}
+
+// lookup answers whether name is in dir. ok is false when there is no fresh
+// listing of dir.
+func (c *listCache) lookup(dir, name string) (e dirEntry, found, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.freshLocked(dir)
+	if l == nil {
+		return dirEntry{}, false, false
+	}
+	e, found = l.entries[name]
+	return e, found, true
+}
+
+// snapshot returns a fresh listing of dir in name order, or ok=false.
+func (c *listCache) snapshot(dir string) (names []string, entries map[string]dirEntry, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.freshLocked(dir)
+	if l == nil {
+		return nil, nil, false
+	}
+	entries = make(map[string]dirEntry, len(l.entries))
+	for name, e := range l.entries {
+		names = append(names, name)
+		entries[name] = e
+	}
+	sort.Strings(names)
+	return names, entries, true
+}
+
+// set records name in dir's listing if one is cached.
+func (c *listCache) set(dir, name string, e dirEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l := c.dirs[dir]; l != nil {
+		if _, had := l.entries[name]; !had {
+			c.total++
+		}
+		l.entries[name] = e
+	}
+}
+
+// remove drops name from dir's listing if one is cached.
+func (c *listCache) remove(dir, name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l := c.dirs[dir]; l != nil {
+		if _, had := l.entries[name]; had {
+			delete(l.entries, name)
+			c.total--
+		}
+	}
+}
+
+// invalidateTree drops the listings of dir and of every directory below it.
+func (c *listCache) invalidateTree(dir string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for d := range c.dirs {
+		if d == dir || dir == "" || strings.HasPrefix(d, dir+"/") {
+			c.dropLocked(d)
+		}
+	}
+}
+
+func (c *listCache) invalidate(dir string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dropLocked(dir)
+}
+
+func (c *listCache) freshLocked(dir string) *listing {
+	l := c.dirs[dir]
+	if l == nil {
+		return nil
+	}
+	if time.Now().After(l.expiry) {
+		c.dropLocked(dir)
+		return nil
+	}
+	return l
+}
+
+func (c *listCache) dropLocked(dir string) {
+	if l := c.dirs[dir]; l != nil {
+		c.total -= len(l.entries)
+		delete(c.dirs, dir)
+	}
+}
+
+func (c *listCache) evictOldestLocked() {
+	var oldest string
+	var t time.Time
+	first := true
+	for d, l := range c.dirs {
+		if first || l.expiry.Before(t) {
+			oldest, t, first = d, l.expiry, false
+		}
+	}
+	c.dropLocked(oldest)
+}

@@ -1,0 +1,241 @@
+package fusefs
+
+import (
+	"strings"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// The node table maps the node ids blobfs hands to the kernel to names.
+//
+// blobfs issues its own ids (it does not use go-fuse's fs package) because a
+// restarted process must resolve ids that an earlier process handed out: the
+// kernel keeps using them. Ids are never reused within a table, so a stale id
+// can be told apart from a live one. A node lives while the kernel holds a
+// lookup reference to it (counted by LOOKUP/CREATE/MKDIR/... replies and
+// READDIRPLUS entries, dropped by FORGET) or while a file handle uses it.
+//
+// Locking: the table and every node field below are guarded by FS.mu. Nodes
+// are never touched without it; the data of an open file lives in openFile,
+// which has its own lock.
+
+type nodeKind uint8
+
+const (
+	kindFile nodeKind = iota + 1
+	kindDir
+	kindSymlink
+)
+
+func (k nodeKind) String() string {
+	switch k {
+	case kindFile:
+		return "file"
+	case kindDir:
+		return "dir"
+	case kindSymlink:
+		return "symlink"
+	}
+	return "unknown"
+}
+
+type node struct {
+	id      uint64
+	parent  uint64 // 0 once detached (unlinked, or replaced by another node)
+	name    string
+	kind    nodeKind
+	lookups uint64 // kernel references
+	// children counts the names bound under this directory node; a
+	// directory with children stays in the table because their paths go
+	// through it.
+	children int
+
+	// Cached attributes, valid until attrExpiry.
+	size       int64
+	mtime      time.Time
+	etag       string
+	attrExpiry time.Time
+	// inStore is false for a file created through this mount and not yet
+	// committed: the store does not know it, but the kernel does.
+	inStore bool
+	// target is a symlink's target, once read.
+	target string
+	// file holds the content state while handles are open.
+	file *openFile
+	// lastOpenETag is the ETag seen at the last open, to tell the kernel
+	// it may keep its page cache when the blob has not changed.
+	lastOpenETag string
+}
+
+type bindingKey struct {
+	parent uint64
+	name   string
+}
+
+type nodeTable struct {
+	byID     map[uint64]*node
+	byName   map[bindingKey]*node
+	nextID   uint64
+	rootTime time.Time
+}
+
+func newNodeTable() *nodeTable {
+	t := &nodeTable{
+		byID:     map[uint64]*node{},
+		byName:   map[bindingKey]*node{},
+		nextID:   fuse.FUSE_ROOT_ID + 1,
+		rootTime: time.Now(),
+	}
+	t.byID[fuse.FUSE_ROOT_ID] = &node{id: fuse.FUSE_ROOT_ID, kind: kindDir, lookups: 1, mtime: t.rootTime, inStore: true}
+	return t
+}
+
+func (t *nodeTable) get(id uint64) *node { return t.byID[id] }
+
+func (t *nodeTable) child(parent uint64, name string) *node {
+	return t.byName[bindingKey{parent, name}]
+}
+
+// bind returns the node for (parent, name), creating it, or replacing an
+// existing node of another kind (the blob changed kind behind our back).
+func (t *nodeTable) bind(parent uint64, name string, kind nodeKind) *node {
+	if n := t.child(parent, name); n != nil {
+		if n.kind == kind {
+			return n
+		}
+		t.detach(n)
+	}
+	n := &node{id: t.nextID, kind: kind}
+	t.nextID++
+	t.byID[n.id] = n
+	t.link(n, parent, name)
+	return n
+}
+
+// detach removes n's name; the id stays valid until the kernel forgets it.
+func (t *nodeTable) detach(n *node) {
+	if n.parent == 0 {
+		return
+	}
+	t.unlink(n)
+	t.maybeDrop(n)
+}
+
+// link binds n to (parent, name); the name must be free.
+func (t *nodeTable) link(n *node, parent uint64, name string) {
+	n.parent, n.name = parent, name
+	t.byName[bindingKey{parent, name}] = n
+	if p := t.byID[parent]; p != nil {
+		p.children++
+	}
+}
+
+// unlink removes n's binding and lets its old parent go if unused.
+func (t *nodeTable) unlink(n *node) {
+	if n.parent == 0 {
+		return
+	}
+	k := bindingKey{n.parent, n.name}
+	if t.byName[k] == n {
+		delete(t.byName, k)
+	}
+	p := t.byID[n.parent]
+	n.parent = 0
+	if p != nil {
+		p.children--
+		t.maybeDrop(p)
+	}
+}
+
+// move rebinds n under a new name, detaching whatever held that name.
+func (t *nodeTable) move(n *node, parent uint64, name string) {
+	if n.parent == parent && n.name == name {
+		return
+	}
+	if old := t.child(parent, name); old != nil && old != n {
+		t.detach(old)
+	}
+	// Link first so that the old parent is not dropped while n moves
+	// within it.
+	oldParent, oldName := n.parent, n.name
+	t.link(n, parent, name)
+	if oldParent != 0 {
+		k := bindingKey{oldParent, oldName}
+		if t.byName[k] == n {
+			delete(t.byName, k)
+		}
+		if p := t.byID[oldParent]; p != nil {
+			p.children--
+			t.maybeDrop(p)
+		}
+	}
+}
+
+// forget drops nlookup kernel references.
+func (t *nodeTable) forget(id, nlookup uint64) {
+	n := t.byID[id]
+	if n == nil || id == fuse.FUSE_ROOT_ID {
+		return
+	}
+	if nlookup > n.lookups {
+		nlookup = n.lookups
+	}
+	n.lookups -= nlookup
+	t.maybeDrop(n)
+}
+
+// maybeDrop frees a node nobody refers to. A node with children bound to it
+// stays: their paths go through it.
+func (t *nodeTable) maybeDrop(n *node) {
+	if n.lookups > 0 || n.file != nil || n.id == fuse.FUSE_ROOT_ID {
+		return
+	}
+	if n.children > 0 {
+		return
+	}
+	delete(t.byID, n.id)
+	t.unlink(n)
+}
+
+// path returns n's blob name ("" for the root), and false if n or one of
+// its ancestors is detached.
+func (t *nodeTable) path(n *node) (string, bool) {
+	if n.id == fuse.FUSE_ROOT_ID {
+		return "", true
+	}
+	var parts []string
+	for n.id != fuse.FUSE_ROOT_ID {
+		if n.parent == 0 {
+			return "", false
+		}
+		parts = append(parts, n.name)
+		p := t.byID[n.parent]
+		if p == nil {
+			return "", false
+		}
+		n = p
+	}
+	for i, j := 0, len(parts)-1; i < j; i, j = i+1, j-1 {
+		parts[i], parts[j] = parts[j], parts[i]
+	}
+	return strings.Join(parts, "/"), true
+}
+
+// descendants returns the live nodes below the directory at dirPath.
+func (t *nodeTable) descendants(dirPath string) []*node {
+	var out []*node
+	for _, n := range t.byID {
+		if p, ok := t.path(n); ok && p != dirPath && strings.HasPrefix(p, dirPath+"/") {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func joinPath(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}

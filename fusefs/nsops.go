@@ -1,0 +1,458 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+var folderMeta = map[string]string{blobstore.MetaIsFolder: "true"}
+
+// renameConcurrency bounds the copies in flight while renaming a directory.
+const renameConcurrency = 16
+
+// newChild binds a freshly made name and hands it to the kernel.
+func (fs *FS) newChild(dir *node, dirPath, name string, e dirEntry, out *fuse.EntryOut) {
+	fs.lists.set(dirPath, name, e)
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	n := fs.nodes.bind(dir.id, name, e.kind)
+	fs.applyEntryLocked(n, e)
+	n.lookups++
+	fs.fillEntry(n, out)
+}
+
+func (fs *FS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
+	dir, dirPath, st := fs.node(in.NodeId)
+	if !st.Ok() {
+		return st
+	}
+	if fs.opts.ReadOnly {
+		return fuse.EROFS
+	}
+	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
+		return st
+	}
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+	path := joinPath(dirPath, name)
+	if _, err := fs.resolve(ctx, dir, dirPath, name); err == nil {
+		return fuse.Status(syscall.EEXIST)
+	} else if !errors.Is(err, blobstore.ErrNotFound) {
+		return toStatus(err)
+	}
+	a, err := fs.store.Put(ctx, path, nil, blobstore.PutOptions{Metadata: folderMeta, Conditions: blobstore.Conditions{IfNoneMatch: true}})
+	if err != nil {
+		return toStatus(err)
+	}
+	e := dirEntry{kind: kindDir, mtime: a.ModTime}
+	fs.newChild(dir, dirPath, name, e, out)
+	// The new directory is known to be empty: lookups in it need no request.
+	fs.lists.put(path, map[string]dirEntry{})
+	return fuse.OK
+}
+
+// Mknod makes empty regular files only; blobs cannot be devices or FIFOs.
+func (fs *FS) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
+	dir, dirPath, st := fs.node(in.NodeId)
+	if !st.Ok() {
+		return st
+	}
+	if fs.opts.ReadOnly {
+		return fuse.EROFS
+	}
+	if in.Mode&syscall.S_IFMT != syscall.S_IFREG && in.Mode&syscall.S_IFMT != 0 {
+		return fuse.EPERM
+	}
+	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
+		return st
+	}
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+	a, err := fs.store.Put(ctx, joinPath(dirPath, name), nil, blobstore.PutOptions{Conditions: blobstore.Conditions{IfNoneMatch: true}})
+	if err != nil {
+		return toStatus(err)
+	}
+	fs.newChild(dir, dirPath, name, entryFromAttrs(a), out)
+	return fuse.OK
+}
+
+func (fs *FS) Symlink(cancel <-chan struct{}, h *fuse.InHeader, target, name string, out *fuse.EntryOut) fuse.Status {
+	dir, dirPath, st := fs.node(h.NodeId)
+	if !st.Ok() {
+		return st
+	}
+	if fs.opts.ReadOnly {
+		return fuse.EROFS
+	}
+	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
+		return st
+	}
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+	a, err := fs.store.Put(ctx, joinPath(dirPath, name), []byte(target), blobstore.PutOptions{
+		Metadata:   map[string]string{blobstore.MetaIsSymlink: "true"},
+		Conditions: blobstore.Conditions{IfNoneMatch: true},
+	})
+	if err != nil {
+		return toStatus(err)
+	}
+	e := entryFromAttrs(a)
+	e.target = target
+	fs.newChild(dir, dirPath, name, e, out)
+	return fuse.OK
+}
+
+func (fs *FS) Readlink(cancel <-chan struct{}, h *fuse.InHeader) ([]byte, fuse.Status) {
+	n, path, st := fs.node(h.NodeId)
+	if !st.Ok() {
+		return nil, st
+	}
+	if n.kind != kindSymlink {
+		return nil, fuse.EINVAL
+	}
+	fs.mu.Lock()
+	target := n.target
+	fs.mu.Unlock()
+	if target != "" {
+		return []byte(target), fuse.OK
+	}
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+	buf := make([]byte, 4096)
+	got, err := fs.store.ReadAt(ctx, path, buf, 0, "")
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, toStatus(err)
+	}
+	fs.mu.Lock()
+	n.target = string(buf[:got])
+	fs.mu.Unlock()
+	return buf[:got], fuse.OK
+}
+
+func (fs *FS) Unlink(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
+	dir, dirPath, st := fs.node(h.NodeId)
+	if !st.Ok() {
+		return st
+	}
+	if fs.opts.ReadOnly {
+		return fuse.EROFS
+	}
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+	n, err := fs.resolve(ctx, dir, dirPath, name)
+	if err != nil {
+		return toStatus(err)
+	}
+	if n.kind == kindDir {
+		return fuse.Status(syscall.EISDIR)
+	}
+	path := joinPath(dirPath, name)
+	fs.mu.Lock()
+	inStore := n.inStore
+	of := n.file
+	fs.mu.Unlock()
+	if of != nil {
+		// Open handles keep reading the local copy; nothing is uploaded.
+		of.mu.Lock()
+		of.unlinked = true
+		of.mu.Unlock()
+	}
+	if inStore || of == nil {
+		if err := fs.store.Delete(ctx, path, blobstore.Conditions{}); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
+			return toStatus(err)
+		}
+	}
+	fs.lists.remove(dirPath, name)
+	fs.mu.Lock()
+	fs.nodes.detach(n)
+	fs.mu.Unlock()
+	fs.keepDir(ctx, dirPath)
+	return fuse.OK
+}
+
+// keepDir makes sure a directory that may have lost its last child still
+// exists in the store, by writing its marker blob. Without it, removing the
+// last file of a directory made by another tool (prefix only) would make
+// the directory vanish.
+func (fs *FS) keepDir(ctx context.Context, dirPath string) {
+	if dirPath == "" {
+		return
+	}
+	page, err := fs.store.List(ctx, blobstore.ListOptions{Prefix: dirPath + "/", MaxResults: 1})
+	if err != nil || len(page.Blobs) > 0 || len(page.Prefixes) > 0 {
+		return
+	}
+	_, err = fs.store.Put(ctx, dirPath, nil, blobstore.PutOptions{Metadata: folderMeta, Conditions: blobstore.Conditions{IfNoneMatch: true}})
+	if err != nil && !errors.Is(err, blobstore.ErrAlreadyExists) {
+		fs.log.Warn("could not keep directory marker", "path", dirPath, "err", err)
+	}
+}
+
+// dirEmpty tells whether dirPath has no children in the store or here.
+func (fs *FS) dirEmpty(ctx context.Context, n *node, dirPath string) (bool, error) {
+	page, err := fs.store.List(ctx, blobstore.ListOptions{Prefix: dirPath + "/", Delimiter: "/", MaxResults: 1})
+	if err != nil {
+		return false, err
+	}
+	if len(page.Blobs) > 0 || len(page.Prefixes) > 0 {
+		return false, nil
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if n.children > 0 {
+		for k, c := range fs.nodes.byName {
+			if k.parent == n.id && !c.inStore {
+				return false, nil
+			}
+		}
+	}
+	return true, nil
+}
+
+func (fs *FS) Rmdir(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
+	dir, dirPath, st := fs.node(h.NodeId)
+	if !st.Ok() {
+		return st
+	}
+	if fs.opts.ReadOnly {
+		return fuse.EROFS
+	}
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+	n, err := fs.resolve(ctx, dir, dirPath, name)
+	if err != nil {
+		return toStatus(err)
+	}
+	if n.kind != kindDir {
+		return fuse.ENOTDIR
+	}
+	path := joinPath(dirPath, name)
+	empty, err := fs.dirEmpty(ctx, n, path)
+	if err != nil {
+		return toStatus(err)
+	}
+	if !empty {
+		return fuse.Status(syscall.ENOTEMPTY)
+	}
+	if err := fs.store.Delete(ctx, path, blobstore.Conditions{}); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
+		return toStatus(err)
+	}
+	fs.lists.remove(dirPath, name)
+	fs.lists.invalidateTree(path)
+	fs.mu.Lock()
+	fs.nodes.detach(n)
+	fs.mu.Unlock()
+	fs.keepDir(ctx, dirPath)
+	return fuse.OK
+}
+
+func (fs *FS) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newName string) fuse.Status {
+	const renameNoReplace, renameExchange = 1, 2
+	if in.Flags&renameExchange != 0 {
+		return fuse.EINVAL // not possible atomically on a blob store
+	}
+	srcDir, srcDirPath, st := fs.node(in.NodeId)
+	if !st.Ok() {
+		return st
+	}
+	dstDir, dstDirPath, st := fs.node(in.Newdir)
+	if !st.Ok() {
+		return st
+	}
+	if fs.opts.ReadOnly {
+		return fuse.EROFS
+	}
+	if st := fs.checkNew(dstDir, dstDirPath, newName); !st.Ok() {
+		return st
+	}
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+	src, err := fs.resolve(ctx, srcDir, srcDirPath, oldName)
+	if err != nil {
+		return toStatus(err)
+	}
+	srcPath, dstPath := joinPath(srcDirPath, oldName), joinPath(dstDirPath, newName)
+	if srcPath == dstPath {
+		return fuse.OK
+	}
+	if src.kind == kindDir && strings.HasPrefix(dstPath+"/", srcPath+"/") {
+		return fuse.EINVAL // into itself
+	}
+	dst, err := fs.resolve(ctx, dstDir, dstDirPath, newName)
+	switch {
+	case errors.Is(err, blobstore.ErrNotFound):
+		dst = nil
+	case err != nil:
+		return toStatus(err)
+	case in.Flags&renameNoReplace != 0:
+		return fuse.Status(syscall.EEXIST)
+	case src.kind == kindDir && dst.kind != kindDir:
+		return fuse.ENOTDIR
+	case src.kind != kindDir && dst.kind == kindDir:
+		return fuse.Status(syscall.EISDIR)
+	case dst.kind == kindDir:
+		empty, err := fs.dirEmpty(ctx, dst, dstPath)
+		if err != nil {
+			return toStatus(err)
+		}
+		if !empty {
+			return fuse.Status(syscall.ENOTEMPTY)
+		}
+	}
+
+	if src.kind == kindDir {
+		err = fs.renameDir(ctx, src, srcPath, dstPath, dst != nil)
+	} else {
+		err = fs.renameBlob(ctx, src, srcPath, dstPath)
+	}
+	if err != nil {
+		fs.log.Warn("rename failed", "from", srcPath, "to", dstPath, "err", err)
+		return toStatus(err)
+	}
+
+	fs.mu.Lock()
+	e := dirEntry{kind: src.kind, size: src.size, mtime: src.mtime, etag: src.etag, pending: !src.inStore}
+	fs.nodes.move(src, dstDir.id, newName)
+	fs.mu.Unlock()
+	fs.lists.remove(srcDirPath, oldName)
+	fs.lists.set(dstDirPath, newName, e)
+	fs.keepDir(ctx, srcDirPath)
+	return fuse.OK
+}
+
+// renameBlob moves a file or symlink: commit local changes first, then a
+// server-side copy and a delete.
+func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string) error {
+	fs.mu.Lock()
+	of := n.file
+	inStore := n.inStore
+	fs.mu.Unlock()
+	if of != nil {
+		if err := of.commit(ctx); err != nil {
+			return err
+		}
+		fs.mu.Lock()
+		inStore = n.inStore
+		fs.mu.Unlock()
+	}
+	if !inStore {
+		return nil // nothing stored yet: the next commit uses the new name
+	}
+	a, err := fs.store.Copy(ctx, dstPath, srcPath)
+	if err != nil {
+		return err
+	}
+	if err := fs.store.Delete(ctx, srcPath, blobstore.Conditions{}); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
+		return err
+	}
+	fs.mu.Lock()
+	n.etag = a.ETag
+	if of != nil {
+		of.mu.Lock()
+		if of.baseETag != "" {
+			of.baseETag = a.ETag
+		}
+		of.mu.Unlock()
+	}
+	fs.mu.Unlock()
+	return nil
+}
+
+// renameDir moves every blob under srcPath, and its marker. It is not
+// atomic: a failure half-way leaves both trees partly populated and is
+// reported; running the rename again completes it.
+func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, replaceEmpty bool) error {
+	// Local changes under the tree go to the store first, under the old
+	// names, so that the copies below carry them.
+	fs.mu.Lock()
+	var open []*openFile
+	for _, d := range fs.nodes.descendants(srcPath) {
+		if d.file != nil {
+			open = append(open, d.file)
+		}
+	}
+	fs.mu.Unlock()
+	for _, of := range open {
+		if err := of.commit(ctx); err != nil {
+			return err
+		}
+	}
+	if replaceEmpty {
+		if err := fs.store.Delete(ctx, dstPath, blobstore.Conditions{}); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
+			return err
+		}
+	}
+	var names []string
+	opts := blobstore.ListOptions{Prefix: srcPath + "/"}
+	for {
+		page, err := fs.store.List(ctx, opts)
+		if err != nil {
+			return err
+		}
+		for _, b := range page.Blobs {
+			names = append(names, b.Name)
+		}
+		if page.NextMarker == "" {
+			break
+		}
+		opts.Marker = page.NextMarker
+	}
+	hasMarker := false
+	if _, err := fs.store.Stat(ctx, srcPath); err == nil {
+		hasMarker = true
+	} else if !errors.Is(err, blobstore.ErrNotFound) {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(renameConcurrency)
+	for _, name := range names {
+		g.Go(func() error {
+			if _, err := fs.store.Copy(gctx, dstPath+strings.TrimPrefix(name, srcPath), name); err != nil {
+				return err
+			}
+			return nil
+		})
+	}
+	if hasMarker || len(names) == 0 {
+		g.Go(func() error {
+			_, err := fs.store.Put(gctx, dstPath, nil, blobstore.PutOptions{Metadata: folderMeta})
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	g, gctx = errgroup.WithContext(ctx)
+	g.SetLimit(renameConcurrency)
+	for _, name := range append(names, srcPath) {
+		g.Go(func() error {
+			if err := fs.store.Delete(gctx, name, blobstore.Conditions{}); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
+				return err
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	fs.lists.invalidateTree(srcPath)
+	fs.lists.invalidateTree(dstPath)
+	// Cached attributes of nodes below the old path still describe the
+	// same content; their paths follow the moved directory node.
+	fs.mu.Lock()
+	now := time.Now()
+	for _, d := range fs.nodes.descendants(srcPath) {
+		d.attrExpiry = now // copies have new ETags
+	}
+	fs.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,283 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// openFile is the content of a file while handles are open on it, shared by
+// all of them (two writers of one file write into one place, as on a local
+// disk).
+//
+// Writes go to a spill file in the cache directory; a WRITE is answered only
+// once its bytes are there. A file that already has content in the store is
+// read into the spill file on its first write or partial truncate
+// (read-modify-write); a file opened with O_TRUNC or created here is not
+// read at all. commit uploads the spill file (one Put, or staged blocks in
+// parallel for large files) on flush, fsync and release. Reads through any
+// handle go to the spill file once it exists, otherwise to the store through
+// the block cache.
+//
+// Consistency: when the spill file was loaded from the store, the commit is
+// conditional on the ETag it was loaded from (If-Match), so a concurrent
+// change by another writer is reported (ESTALE) instead of being silently
+// overwritten. A file created with O_EXCL commits with If-None-Match.
+//
+// Locking: mu guards the fields below it. commitMu serialises commits; an
+// upload runs without mu so that writes go on meanwhile (gen tells whether
+// they did, and the file stays dirty if so).
+type openFile struct {
+	fs *FS
+	n  *node // its path may change (rename) while open
+
+	refs int // open handles; guarded by FS.mu
+
+	commitMu sync.Mutex
+
+	mu           sync.Mutex
+	spill        *os.File
+	spillPath    string
+	size         int64
+	gen          uint64 // bumped by every change
+	committedGen uint64
+	baseETag     string            // If-Match for the next commit
+	baseMeta     map[string]string // metadata kept across rewrites
+	exclusive    bool              // If-None-Match on the first commit
+	mtime        *time.Time        // set by utimes; written as metadata
+	unlinked     bool
+	commitErr    error // the last failed commit
+
+	hasSpill atomic.Bool // spill != nil; readable without mu
+}
+
+func (of *openFile) dirty() bool { return of.gen != of.committedGen }
+
+// localSize returns the size held in the spill file, if there is one.
+func (of *openFile) localSize() (int64, bool) {
+	if !of.hasSpill.Load() {
+		return 0, false
+	}
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	return of.size, of.spill != nil
+}
+
+// ensureSpillLocked creates the spill file. With load, the blob's current
+// content is copied into it first.
+func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
+	if of.spill != nil {
+		return nil
+	}
+	f, err := os.CreateTemp(of.fs.spillDir, "spill-")
+	if err != nil {
+		return fmt.Errorf("create spill file: %w", err)
+	}
+	of.size = 0
+	if load {
+		path, etag, size, inStore, ok := of.fs.fileState(of.n)
+		if !ok {
+			f.Close()
+			os.Remove(f.Name())
+			return errStale
+		}
+		if inStore {
+			a, err := of.fs.store.Stat(ctx, path)
+			if err == nil {
+				size, etag = a.Size, a.ETag
+				of.baseMeta = a.Metadata
+				err = of.fs.download(ctx, path, etag, size, f)
+			}
+			if err != nil {
+				f.Close()
+				os.Remove(f.Name())
+				return err
+			}
+			of.baseETag = etag
+			of.size = size
+		}
+	}
+	of.spill, of.spillPath = f, f.Name()
+	of.hasSpill.Store(true)
+	return nil
+}
+
+func (of *openFile) write(ctx context.Context, data []byte, off int64) error {
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	if err := of.ensureSpillLocked(ctx, true); err != nil {
+		return err
+	}
+	if _, err := of.spill.WriteAt(data, off); err != nil {
+		return fmt.Errorf("spill write: %w", err)
+	}
+	of.size = max(of.size, off+int64(len(data)))
+	of.gen++
+	return nil
+}
+
+func (of *openFile) truncate(ctx context.Context, size int64) error {
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	if of.spill == nil && size == 0 {
+		// Nothing of the old content survives: no need to read it.
+		if err := of.ensureSpillLocked(ctx, false); err != nil {
+			return err
+		}
+		of.baseETag = ""
+	} else if err := of.ensureSpillLocked(ctx, true); err != nil {
+		return err
+	}
+	if err := of.spill.Truncate(size); err != nil {
+		return fmt.Errorf("spill truncate: %w", err)
+	}
+	of.size = size
+	of.gen++
+	return nil
+}
+
+// readLocal reads from the spill file; ok is false when there is none.
+func (of *openFile) readLocal(p []byte, off int64) (n int, ok bool, err error) {
+	if !of.hasSpill.Load() {
+		return 0, false, nil
+	}
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	if of.spill == nil {
+		return 0, false, nil
+	}
+	if off >= of.size {
+		return 0, true, nil
+	}
+	p = p[:min(int64(len(p)), of.size-off)]
+	n, err = of.spill.ReadAt(p, off)
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	return n, true, err
+}
+
+func (of *openFile) setMtime(t time.Time) {
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	of.mtime = &t
+	of.gen++
+}
+
+// commit uploads the spill file if the file has changes not in the store.
+func (of *openFile) commit(ctx context.Context) error {
+	of.commitMu.Lock()
+	defer of.commitMu.Unlock()
+
+	of.mu.Lock()
+	if !of.dirty() || of.unlinked {
+		of.mu.Unlock()
+		return nil
+	}
+	if of.spill == nil {
+		// Only metadata changed (utimes on an unopened file's handle):
+		// nothing to upload here; setattr wrote it already.
+		of.committedGen = of.gen
+		of.mu.Unlock()
+		return nil
+	}
+	gen, size, f := of.gen, of.size, of.spill
+	opts := blobstore.PutOptions{Metadata: copyMeta(of.baseMeta)}
+	delete(opts.Metadata, blobstore.MetaMtime)
+	if of.mtime != nil {
+		opts.Metadata[blobstore.MetaMtime] = strconv.FormatInt(of.mtime.UnixNano(), 10)
+	}
+	if of.baseETag != "" {
+		opts.IfMatch = of.baseETag
+	} else if of.exclusive {
+		opts.IfNoneMatch = true
+	}
+	of.mu.Unlock()
+
+	path, ok := of.fs.pathOf(of.n)
+	if !ok {
+		return nil // unlinked meanwhile
+	}
+	attrs, err := blobstore.Upload(ctx, of.fs.store, path, f, size, blobstore.UploadOptions{
+		BlockSize:   of.fs.opts.UploadBlockSize,
+		Concurrency: of.fs.opts.UploadConcurrency,
+		PutOptions:  opts,
+	})
+	of.mu.Lock()
+	if err != nil {
+		of.commitErr = err
+		of.mu.Unlock()
+		return fmt.Errorf("upload %q: %w", path, err)
+	}
+	of.committedGen = gen
+	of.baseETag = attrs.ETag
+	of.baseMeta = opts.Metadata
+	of.exclusive = false
+	of.commitErr = nil
+	of.mu.Unlock()
+	of.fs.committed(of.n, path, attrs, size)
+	return nil
+}
+
+// close removes the spill file; the caller made sure nothing is dirty or
+// gave up on it.
+func (of *openFile) close() {
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	if of.spill != nil {
+		of.spill.Close()
+		os.Remove(of.spillPath)
+		of.spill = nil
+		of.hasSpill.Store(false)
+	}
+}
+
+// keepSpill moves a spill file whose data could not be uploaded to
+// CacheDir/lost+found so that it survives, and returns its new path.
+func (of *openFile) keepSpill(blobName string) string {
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	if of.spill == nil {
+		return ""
+	}
+	dir := filepath.Join(of.fs.opts.CacheDir, "lost+found")
+	os.MkdirAll(dir, 0o700)
+	dst := filepath.Join(dir, fmt.Sprintf("%d-%s", time.Now().UnixNano(), filepath.Base(blobName)))
+	of.spill.Close()
+	if err := os.Rename(of.spillPath, dst); err != nil {
+		dst = of.spillPath
+	}
+	of.spill = nil
+	of.hasSpill.Store(false)
+	return dst
+}
+
+// download copies a blob into f with parallel ranged reads.
+func (fs *FS) download(ctx context.Context, name, etag string, size int64, f *os.File) error {
+	chunk := fs.opts.UploadBlockSize
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(fs.opts.UploadConcurrency)
+	for off := int64(0); off < size; off += chunk {
+		g.Go(func() error {
+			buf := make([]byte, min(chunk, size-off))
+			n, err := fs.store.ReadAt(gctx, name, buf, off, etag)
+			if err != nil && !(errors.Is(err, io.EOF) && n == len(buf)) {
+				return fmt.Errorf("read %q at %d: %w", name, off, err)
+			}
+			_, err = f.WriteAt(buf, off)
+			return err
+		})
+	}
+	return g.Wait()
+}

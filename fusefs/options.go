@@ -1,0 +1,116 @@
+package fusefs
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+)
+
+// Options configure one mount. The zero value (with CacheDir set by New to a
+// temporary directory) gives the defaults documented on each field.
+type Options struct {
+	// CacheDir holds spill files of files being written. It must be on a
+	// local disk with room for the files open for writing at once.
+	// Default: a fresh directory under os.TempDir().
+	CacheDir string
+	// BlockCacheBytes bounds the in-memory read block cache, read-ahead
+	// included. Default 256 MiB.
+	BlockCacheBytes int64
+	// ReadBlockSize is the size of one ranged GET and one cache block.
+	// Default 4 MiB.
+	ReadBlockSize int64
+	// MaxReadAheadBlocks caps the sequential read-ahead window. Default:
+	// a quarter of the cache, at most 32 blocks.
+	MaxReadAheadBlocks int
+	// UploadBlockSize is the size of one staged block. Default 8 MiB.
+	UploadBlockSize int64
+	// UploadConcurrency is the number of blocks staged in parallel per
+	// file. Default 8.
+	UploadConcurrency int
+
+	// AttrTimeout is how long the kernel and blobfs trust a file's
+	// attributes. EntryTimeout is the same for a name->node binding,
+	// NegativeTimeout for "no such name", ListTimeout for a directory
+	// listing. Zero means the default: 1s, 1s, 1s and 1s. A negative
+	// value disables that cache.
+	AttrTimeout, EntryTimeout, NegativeTimeout, ListTimeout time.Duration
+
+	ReadOnly bool
+	// UID, GID own every file; Umask masks the default modes 0777/0666.
+	UID, GID uint32
+	Umask    uint32
+
+	// Logger receives operational messages. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+const (
+	defaultBlockCacheBytes   = 256 << 20
+	defaultReadBlockSize     = 4 << 20
+	defaultUploadBlockSize   = 8 << 20
+	defaultUploadConcurrency = 8
+	defaultTimeout           = time.Second
+)
+
+// withDefaults returns a copy of o with every zero field set and the whole
+// validated.
+func (o Options) withDefaults() (Options, error) {
+	if o.BlockCacheBytes == 0 {
+		o.BlockCacheBytes = defaultBlockCacheBytes
+	}
+	if o.ReadBlockSize == 0 {
+		o.ReadBlockSize = defaultReadBlockSize
+	}
+	if o.UploadBlockSize == 0 {
+		o.UploadBlockSize = defaultUploadBlockSize
+	}
+	if o.UploadConcurrency == 0 {
+		o.UploadConcurrency = defaultUploadConcurrency
+	}
+	if o.ReadBlockSize < 64<<10 || o.ReadBlockSize > 256<<20 {
+		return o, fmt.Errorf("read block size %d out of range [64 KiB, 256 MiB]", o.ReadBlockSize)
+	}
+	if o.UploadBlockSize < 64<<10 || o.UploadBlockSize > 4000<<20 {
+		return o, fmt.Errorf("upload block size %d out of range [64 KiB, 4000 MiB]", o.UploadBlockSize)
+	}
+	if o.BlockCacheBytes < 2*o.ReadBlockSize {
+		return o, fmt.Errorf("block cache of %d bytes must hold at least two read blocks of %d bytes", o.BlockCacheBytes, o.ReadBlockSize)
+	}
+	if o.UploadConcurrency < 1 || o.UploadConcurrency > 256 {
+		return o, fmt.Errorf("upload concurrency %d out of range [1, 256]", o.UploadConcurrency)
+	}
+	blocks := int(o.BlockCacheBytes / o.ReadBlockSize)
+	if o.MaxReadAheadBlocks == 0 {
+		o.MaxReadAheadBlocks = min(max(blocks/4, 1), 32)
+	}
+	if o.MaxReadAheadBlocks < 0 || o.MaxReadAheadBlocks > blocks/2 {
+		o.MaxReadAheadBlocks = max(blocks/2, 1)
+	}
+	for _, t := range []*time.Duration{&o.AttrTimeout, &o.EntryTimeout, &o.NegativeTimeout, &o.ListTimeout} {
+		switch {
+		case *t == 0:
+			*t = defaultTimeout
+		case *t < 0:
+			*t = 0
+		}
+	}
+	if o.Umask&^0o777 != 0 {
+		return o, errors.New("umask must be within 0777")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.CacheDir == "" {
+		dir, err := os.MkdirTemp("", "blobfs-cache-")
+		if err != nil {
+			return o, fmt.Errorf("cache directory: %w", err)
+		}
+		o.CacheDir = dir
+	}
+	if err := os.MkdirAll(o.CacheDir, 0o700); err != nil {
+		return o, fmt.Errorf("cache directory: %w", err)
+	}
+	return o, nil
+}
