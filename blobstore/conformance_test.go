@@ -3,6 +3,7 @@ package blobstore_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -102,11 +103,11 @@ func wantErr(t *testing.T, what string, err, want error) {
 
 func randomBytes(seed uint64, n int) []byte {
 	r := rand.New(rand.NewPCG(seed, 1))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
+	b := make([]byte, n+8)
+	for i := 0; i < n; i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], r.Uint64())
 	}
-	return b
+	return b[:n:n]
 }
 
 func sameMetadata(a, b map[string]string) bool {

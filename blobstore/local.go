@@ -64,13 +64,16 @@ import (
 // # Crash safety
 //
 // Every write goes to a temporary file under DIR/.blobfs-tmp (hidden from
-// List), which is fsynced, renamed into place and its directory fsynced.
+// List), which is fsynced, renamed into place and its directory fsynced;
+// staged blocks are fsynced too, since they are acknowledged as stored.
 // Staged blocks are files under DIR/.blobfs-tmp/blocks/SHA256(name)/;
 // CommitBlocks claims that directory with one rename, concatenates the
 // listed blocks into a temporary file (copy_file_range, a reflink where the
-// filesystem can) and renames it into place. NewLocal removes temporary
-// files older than a day and staged blocks older than a week (Azure keeps
-// uncommitted blocks for a week too).
+// filesystem can) and renames it into place. NewLocal finishes a self-file
+// conversion that the non-atomic fallback (filesystems without
+// RENAME_EXCHANGE) left half done, and removes temporary files older than
+// a day and staged blocks older than a week (Azure keeps uncommitted
+// blocks for a week too).
 //
 // # Locking
 //
@@ -82,7 +85,7 @@ import (
 // processes may share one directory. Data is written and fsynced outside
 // the lock.
 type Local struct {
-	dir      string // absolute root of the container
+	dir      string // root of the container: absolute, symlinks resolved
 	tmpDir   string // DIR/.blobfs-tmp/tmp: temporary files and directories
 	blockDir string // DIR/.blobfs-tmp/blocks: staged blocks per blob
 	lockPath string // DIR/.blobfs-tmp/lock: flock'ed around namespace changes
@@ -202,7 +205,8 @@ func (l *Local) recover() error {
 		switch {
 		case strings.HasSuffix(e.Name(), convTargetSuffix):
 		case strings.HasPrefix(e.Name(), "conv-"), strings.HasPrefix(e.Name(), "drop-"):
-			// Only ever in use under the lock, which we hold.
+			// Conversions are only in flight under the lock, which we
+			// hold; drop-* is garbage from the start.
 			_ = os.RemoveAll(p)
 		default:
 			// Temporary files and claimed blocks of writes that may
@@ -557,7 +561,6 @@ type localFrame struct {
 // by file name is what interleaves blobs and prefixes the way Azure does:
 // "a-b" < "a/x" < "a0".
 type localCursor struct {
-	l      *Local
 	prefix string
 	stack  []*localFrame
 	reads  int // directories read, for tests
@@ -642,7 +645,7 @@ func (l *Local) List(ctx context.Context, opts ListOptions) (ListPage, error) {
 	if err != nil {
 		return ListPage{}, fmt.Errorf("local store: list: %w", mapOSError(err))
 	}
-	c := &localCursor{l: l, prefix: opts.Prefix, stack: []*localFrame{root}}
+	c := &localCursor{prefix: opts.Prefix, stack: []*localFrame{root}}
 	entries, prefixes, next, err := listPage(ctx, opts, c.seek)
 	if err != nil {
 		return ListPage{}, err
@@ -746,12 +749,16 @@ func (l *Local) publish(ctx context.Context, name, tmp string, cond Conditions) 
 	if err != nil {
 		return err
 	}
-	var dirty []string // directories to fsync once the lock is released
+	var (
+		dirty []string // directories to fsync once the lock is released
+		trash string   // dropped blocks to remove then
+	)
 	defer func() {
 		unlock()
 		for _, d := range dirty {
 			syncDir(d)
 		}
+		removeTrash(trash)
 	}()
 	// A caller that gave up must not see its write happen later.
 	if err := ctx.Err(); err != nil {
@@ -797,7 +804,7 @@ func (l *Local) publish(ctx context.Context, name, tmp string, cond Conditions) 
 		return fmt.Errorf("local store: put %q: %w", name, mapOSError(err))
 	}
 	dirty = append(dirty, filepath.Dir(target))
-	l.dropBlocksLocked(name)
+	trash = l.dropBlocksLocked(name)
 	return nil
 }
 
@@ -836,6 +843,9 @@ func (l *Local) fileToDir(p string) error {
 	if err := os.Link(p, filepath.Join(conv, localSelf)); err != nil {
 		return fmt.Errorf("local store: %w", mapOSError(err))
 	}
+	// The link must be durable before the directory holding it becomes
+	// the only way to the blob.
+	syncDir(conv)
 	if !l.noExchange {
 		err := unix.Renameat2(unix.AT_FDCWD, conv, unix.AT_FDCWD, p, unix.RENAME_EXCHANGE)
 		if err == nil {
@@ -900,15 +910,22 @@ func (l *Local) blocksOf(name string) string {
 // blockFile names a block's file: block ids are base64 and may hold "/".
 func blockFile(id string) string { return base64.RawURLEncoding.EncodeToString([]byte(id)) }
 
-// dropBlocksLocked discards blob name's staged blocks.
-func (l *Local) dropBlocksLocked(name string) {
-	dir := l.blocksOf(name)
+// dropBlocksLocked discards blob name's staged blocks, with one rename
+// under the namespace lock. It returns the directory that now holds them
+// (or ""), for removeTrash once the lock is released: removing thousands
+// of blocks need not hold up other writers. A crash in between leaves a
+// drop-* directory that NewLocal removes.
+func (l *Local) dropBlocksLocked(name string) string {
 	trash := filepath.Join(l.tmpDir, "drop-"+randomHex(8))
-	if os.Rename(dir, trash) == nil {
-		// Removing may take a while; it need not hold up the caller's
-		// next write, but it is done before we return so that disk
-		// use is what the caller expects.
-		_ = os.RemoveAll(trash)
+	if os.Rename(l.blocksOf(name), trash) != nil {
+		return "" // nothing staged
+	}
+	return trash
+}
+
+func removeTrash(dir string) {
+	if dir != "" {
+		_ = os.RemoveAll(dir)
 	}
 }
 
@@ -1130,12 +1147,13 @@ func (l *Local) Delete(ctx context.Context, name string, cond Conditions) error 
 	if err != nil {
 		return err
 	}
-	var dirty string
+	var dirty, trash string
 	defer func() {
 		unlock()
 		if dirty != "" {
 			syncDir(dirty)
 		}
+		removeTrash(trash)
 	}()
 	f, err := l.openBlob(name)
 	if err != nil {
@@ -1153,7 +1171,7 @@ func (l *Local) Delete(ctx context.Context, name string, cond Conditions) error 
 	if err := os.Remove(path); err != nil {
 		return fmt.Errorf("local store: delete %q: %w", name, mapOSError(err))
 	}
-	l.dropBlocksLocked(name)
+	trash = l.dropBlocksLocked(name)
 	dirty = l.prune(filepath.Dir(path))
 	return nil
 }

@@ -407,6 +407,62 @@ func TestLocalFailedCommitKeepsBlocks(t *testing.T) {
 	}
 }
 
+// TestLocalCommitFailsAfterClaim: when a commit fails after it took the
+// staged blocks (here: the blob's parent turned out to be a symlink that
+// cannot become a directory), the blocks go back, merged with blocks
+// staged meanwhile.
+func TestLocalCommitFailsAfterClaim(t *testing.T) {
+	l := newLocal(t)
+	ctx := t.Context()
+	ids := []string{BlockID("n", 0), BlockID("n", 1)}
+	for i, id := range ids {
+		if err := l.StageBlock(ctx, "s/f", id, []byte{'a' + byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := filepath.Join(l.Dir(), "s")
+	if err := os.Symlink(t.TempDir(), link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.CommitBlocks(ctx, "s/f", ids, PutOptions{}); err == nil {
+		t.Fatal("commit below a symlink succeeded")
+	}
+	if err := os.Remove(link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.CommitBlocks(ctx, "s/f", ids, PutOptions{}); err != nil {
+		t.Fatalf("commit after the failed one: %v", err)
+	}
+	if got := fileContent(t, filepath.Join(l.Dir(), "s", "f")); got != "ab" {
+		t.Errorf("content %q", got)
+	}
+
+	// Blocks staged while a commit holds the claimed ones are merged
+	// back; a block staged again keeps its newer content.
+	for i, id := range ids {
+		if err := l.StageBlock(ctx, "g", id, []byte{'a' + byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claimed, err := l.claimBlocks("g", ids, Conditions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id2 := BlockID("n", 2)
+	for _, st := range []struct{ id, data string }{{ids[1], "B"}, {id2, "c"}} {
+		if err := l.StageBlock(ctx, "g", st.id, []byte(st.data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.unclaimBlocks("g", claimed)
+	if _, err := l.CommitBlocks(ctx, "g", []string{ids[0], ids[1], id2}, PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := fileContent(t, filepath.Join(l.Dir(), "g")); got != "aBc" {
+		t.Errorf("content %q, want aBc", got)
+	}
+}
+
 func TestLocalLargeMetadata(t *testing.T) {
 	l := newLocal(t)
 	// Valid for Azure (under 8 KiB) but more than one ext4 xattr block:
@@ -450,6 +506,20 @@ func TestLocalCheck(t *testing.T) {
 	if err := l.Check(t.Context()); err != nil {
 		t.Fatalf("Check: %v", err)
 	}
+	// A root reached through a symlink works: blobs are opened without
+	// following symlinks, but only below the resolved root.
+	link := filepath.Join(parent, "link")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	viaLink, err := NewLocal(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustPut(t, viaLink, "f", "x", nil)
+	if _, err := viaLink.Stat(t.Context(), "f"); err != nil {
+		t.Errorf("Stat through a store opened via a symlink: %v", err)
+	}
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -481,7 +551,7 @@ func TestLocalListSkipsSubtrees(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &localCursor{l: l, prefix: "d/", stack: []*localFrame{root}}
+	c := &localCursor{prefix: "d/", stack: []*localFrame{root}}
 	_, prefixes, _, err := listPage(t.Context(), ListOptions{Prefix: "d/", Delimiter: "/"}, c.seek)
 	if err != nil || len(prefixes) != subs {
 		t.Fatalf("listPage = %q, %v", prefixes, err)

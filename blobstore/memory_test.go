@@ -130,6 +130,16 @@ func TestFakeBlockRules(t *testing.T) {
 			if _, err := s.CommitBlocks(ctx, "f", []string{b64([]byte("0001"))}, blobstore.PutOptions{}); err != nil {
 				t.Errorf("the block survives failed commits: %v", err)
 			}
+			// Put discards the blob's staged blocks, as Azure does.
+			if err := s.StageBlock(ctx, "h", b64([]byte("0001")), []byte("a")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Put(ctx, "h", []byte("put"), blobstore.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.CommitBlocks(ctx, "h", []string{b64([]byte("0001"))}, blobstore.PutOptions{}); err == nil {
+				t.Error("a block staged before a Put could still be committed")
+			}
 		})
 	}
 }

@@ -100,7 +100,7 @@ func Upload(ctx context.Context, s Store, name string, r io.ReaderAt, size int64
 	// SetLimit(conc) keeps at most conc goroutines alive, and each holds
 	// one buffer from free, so at most conc buffers ever exist.
 	g, gctx := errgroup.WithContext(ctx)
-
+	g.SetLimit(conc)
 	free := make(chan []byte, conc)
 	for i := range nblocks {
 		if gctx.Err() != nil {

@@ -178,6 +178,9 @@ func (fs *FS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) f
 	}
 
 	of := fs.acquireFile(n)
+	if write {
+		of.streamName.Store(&path)
+	}
 	if write && in.Flags&syscall.O_TRUNC != 0 {
 		if err := of.truncate(ctx, 0); err != nil {
 			fs.releaseFile(of)
@@ -221,6 +224,8 @@ func (fs *FS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out
 	n.size, n.mtime = 0, time.Now()
 	of := fs.acquireFileLocked(n)
 	fs.mu.Unlock()
+	path := joinPath(dirPath, name)
+	of.streamName.Store(&path)
 
 	if err := of.truncate(ctx, 0); err != nil {
 		fs.releaseFile(of)

@@ -33,6 +33,8 @@ type FS struct {
 	spillDir string
 	blocks   *blockCache
 	lists    *listCache
+	// uploadSlots bounds the blocks being streamed up, over all files.
+	uploadSlots chan struct{}
 
 	// ctx lives as long as the filesystem; background work uses it.
 	ctx    context.Context
@@ -72,6 +74,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		spillDir:      spillDir,
 		blocks:        newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes, max(opts.MaxReadAheadBlocks, 4)),
 		lists:         newListCache(opts.ListTimeout, 1_000_000),
+		uploadSlots:   make(chan struct{}, 2*opts.UploadConcurrency),
 		ctx:           ctx,
 		cancel:        cancel,
 		nodes:         newNodeTable(),
@@ -114,7 +117,7 @@ func (fs *FS) fillAttr(n *node, a *fuse.Attr) {
 	*a = fuse.Attr{Ino: n.id, Owner: fuse.Owner{Uid: fs.opts.UID, Gid: fs.opts.GID}, Blksize: 1 << 20}
 	size := n.size
 	if n.file != nil {
-		if s, ok := n.file.localSize(); ok {
+		if s, ok := n.file.spilledSize(); ok {
 			size = s
 		}
 	}

@@ -356,6 +356,7 @@ func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string) 
 	}
 	fs.mu.Lock()
 	n.etag = a.ETag
+	fs.mu.Unlock()
 	if of != nil {
 		of.mu.Lock()
 		if of.baseETag != "" {
@@ -363,7 +364,6 @@ func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string) 
 		}
 		of.mu.Unlock()
 	}
-	fs.mu.Unlock()
 	return nil
 }
 

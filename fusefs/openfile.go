@@ -35,9 +35,16 @@ import (
 // change by another writer is reported (ESTALE) instead of being silently
 // overwritten. A file created with O_EXCL commits with If-None-Match.
 //
+// Streaming: a file written sequentially from empty (a copy, a download, a
+// log being created) has each full upload block staged in the background as
+// soon as it is written, so that close only uploads the tail and commits.
+// A write into a block already staged abandons streaming for this file; the
+// commit then uploads the whole spill file.
+//
 // Locking: mu guards the fields below it. commitMu serialises commits; an
 // upload runs without mu so that writes go on meanwhile (gen tells whether
-// they did, and the file stays dirty if so).
+// they did, and the file stays dirty if so). Lock order: mu, then FS.mu;
+// never mu while holding FS.mu (attributes read the atomic mirrors instead).
 type openFile struct {
 	fs *FS
 	n  *node // its path may change (rename) while open
@@ -59,19 +66,29 @@ type openFile struct {
 	unlinked     bool
 	commitErr    error // the last failed commit
 
-	hasSpill atomic.Bool // spill != nil; readable without mu
+	stream *blockStream // staging of full blocks while writing; nil if none
+	// streamName is the blob name streaming stages blocks under, set at
+	// open; a rename before the commit abandons those blocks.
+	streamName atomic.Pointer[string]
+
+	hasSpill  atomic.Bool  // spill != nil; readable without mu
+	localSize atomic.Int64 // size, when hasSpill; readable without mu
+}
+
+func (of *openFile) setSizeLocked(size int64) {
+	of.size = size
+	of.localSize.Store(size)
 }
 
 func (of *openFile) dirty() bool { return of.gen != of.committedGen }
 
-// localSize returns the size held in the spill file, if there is one.
-func (of *openFile) localSize() (int64, bool) {
+// spilledSize returns the size held in the spill file, if there is one.
+// It takes no lock, so FS.mu holders may call it.
+func (of *openFile) spilledSize() (int64, bool) {
 	if !of.hasSpill.Load() {
 		return 0, false
 	}
-	of.mu.Lock()
-	defer of.mu.Unlock()
-	return of.size, of.spill != nil
+	return of.localSize.Load(), true
 }
 
 // ensureSpillLocked creates the spill file. With load, the blob's current
@@ -84,7 +101,7 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 	if err != nil {
 		return fmt.Errorf("create spill file: %w", err)
 	}
-	of.size = 0
+	of.setSizeLocked(0)
 	if load {
 		path, etag, size, inStore, ok := of.fs.fileState(of.n)
 		if !ok {
@@ -105,11 +122,16 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 				return err
 			}
 			of.baseETag = etag
-			of.size = size
+			of.setSizeLocked(size)
 		}
 	}
 	of.spill, of.spillPath = f, f.Name()
 	of.hasSpill.Store(true)
+	if of.size == 0 && of.gen == of.committedGen {
+		if name := of.streamName.Load(); name != nil {
+			of.stream = of.fs.newBlockStream(*name)
+		}
+	}
 	return nil
 }
 
@@ -122,8 +144,17 @@ func (of *openFile) write(ctx context.Context, data []byte, off int64) error {
 	if _, err := of.spill.WriteAt(data, off); err != nil {
 		return fmt.Errorf("spill write: %w", err)
 	}
-	of.size = max(of.size, off+int64(len(data)))
+	of.setSizeLocked(max(of.size, off+int64(len(data))))
 	of.gen++
+	if st := of.stream; st != nil {
+		if off < st.next {
+			st.abandon()
+			of.stream = nil
+		} else if err := st.stageFull(of.spill, of.size); err != nil {
+			st.abandon()
+			of.stream = nil
+		}
+	}
 	return nil
 }
 
@@ -142,7 +173,11 @@ func (of *openFile) truncate(ctx context.Context, size int64) error {
 	if err := of.spill.Truncate(size); err != nil {
 		return fmt.Errorf("spill truncate: %w", err)
 	}
-	of.size = size
+	if st := of.stream; st != nil && size < st.next {
+		st.abandon()
+		of.stream = nil
+	}
+	of.setSizeLocked(size)
 	of.gen++
 	return nil
 }
@@ -203,17 +238,41 @@ func (of *openFile) commit(ctx context.Context) error {
 	} else if of.exclusive {
 		opts.IfNoneMatch = true
 	}
+	// A stream is used up by this commit, whatever happens: later
+	// changes go up whole.
+	stream := of.stream
+	of.stream = nil
 	of.mu.Unlock()
 
 	path, ok := of.fs.pathOf(of.n)
 	if !ok {
+		if stream != nil {
+			stream.abandon()
+		}
 		return nil // unlinked meanwhile
 	}
-	attrs, err := blobstore.Upload(ctx, of.fs.store, path, f, size, blobstore.UploadOptions{
-		BlockSize:   of.fs.opts.UploadBlockSize,
-		Concurrency: of.fs.opts.UploadConcurrency,
-		PutOptions:  opts,
-	})
+	var (
+		attrs blobstore.Attrs
+		err   error
+	)
+	if stream != nil && stream.name == path && stream.next > 0 {
+		attrs, err = stream.commit(ctx, f, size, opts)
+		if err != nil {
+			of.fs.log.Debug("streamed commit failed; uploading the whole file", "path", path, "err", err)
+		}
+	} else if stream != nil {
+		stream.abandon()
+		err = errNoStream
+	} else {
+		err = errNoStream
+	}
+	if err != nil {
+		attrs, err = blobstore.Upload(ctx, of.fs.store, path, f, size, blobstore.UploadOptions{
+			BlockSize:   of.fs.opts.UploadBlockSize,
+			Concurrency: of.fs.opts.UploadConcurrency,
+			PutOptions:  opts,
+		})
+	}
 	of.mu.Lock()
 	if err != nil {
 		of.commitErr = err
@@ -235,6 +294,10 @@ func (of *openFile) commit(ctx context.Context) error {
 func (of *openFile) close() {
 	of.mu.Lock()
 	defer of.mu.Unlock()
+	if of.stream != nil {
+		of.stream.abandon()
+		of.stream = nil
+	}
 	if of.spill != nil {
 		of.spill.Close()
 		os.Remove(of.spillPath)
@@ -260,6 +323,10 @@ func (of *openFile) keepSpill(blobName string) string {
 	}
 	of.spill = nil
 	of.hasSpill.Store(false)
+	if of.stream != nil {
+		of.stream.abandon()
+		of.stream = nil
+	}
 	return dst
 }
 

@@ -26,7 +26,8 @@ const (
 	EnvAzuriteKey = "BLOBFS_TEST_AZURITE_KEY"
 )
 
-// cleanupTimeout bounds the container deletion run at the end of a test.
+// cleanupTimeout bounds one attempt to create a test's container, and its
+// deletion at the end of the test.
 const cleanupTimeout = 30 * time.Second
 
 // Azurite returns a Store over a fresh, empty container in the Azurite
@@ -87,9 +88,7 @@ func AzuriteConfig(t testing.TB) blobstore.AzureConfig {
 		t.Fatalf("storetest: Azurite config: %v", err)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	if err := blobstore.CreateContainer(ctx, cfg, nil); err != nil {
+	if err := createContainer(cfg); err != nil {
 		t.Fatalf("storetest: create container %q in Azurite at %s (is it running? `.ci/azurite.sh start`): %v", cfg.Container, endpoint, err)
 	}
 	t.Cleanup(func() {
@@ -101,6 +100,29 @@ func AzuriteConfig(t testing.TB) blobstore.AzureConfig {
 		}
 	})
 	return cfg
+}
+
+// createContainer creates cfg's container, trying again a few times when
+// Azurite is slow or refuses for a moment: on a loaded CI machine the
+// single-threaded emulator can stall for seconds, and a test that never got
+// its container proves nothing. A connection refused on the first try is
+// retried too, but fails within a second or so when Azurite is not running.
+func createContainer(cfg blobstore.AzureConfig) error {
+	const attempts = 3
+	var err error
+	for i := range attempts {
+		if i > 0 {
+			time.Sleep(time.Duration(i) * 500 * time.Millisecond)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		err = blobstore.CreateContainer(ctx, cfg, nil)
+		timedOut := ctx.Err() != nil
+		cancel()
+		if err == nil || !(timedOut || blobstore.Retryable(err)) {
+			return err
+		}
+	}
+	return err
 }
 
 // containerName makes a valid container name (3-63 characters of [a-z0-9-],

@@ -67,7 +67,7 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.UintVar(&c.umask, "umask", 0o022, "umask applied to modes 0777 (directories) and 0666 (files)")
 	fl.IntVar(&c.mount.Readers, "fuse-readers", 8, "goroutines reading FUSE requests")
 	fl.IntVar(&c.retry.MaxAttempts, "retry-attempts", 0, "attempts per store request on throttling and transient errors (default 5)")
-	fl.DurationVar(&c.retry.MaxDelay, "retry-max-delay", 0, "longest wait between attempts (default 30s)")
+	fl.DurationVar(&c.retry.MaxDelay, "retry-max-delay", 0, "longest wait between attempts (default 5s)")
 	fl.BoolVar(&c.fg, "foreground", false, "stay in the foreground (default: detach once mounted)")
 	fl.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&c.logFile, "log-file", "", "log to this file (default: stderr in the foreground, CACHE_DIR/blobfs.log in the background)")
@@ -137,10 +137,14 @@ func (c *mountConfig) openStore(ctx context.Context) (blobstore.Store, string, e
 	} else {
 		dir := c.localDir
 		if dir == "" {
+			// The embedded default is created on first use; a directory
+			// named by the user must exist, so a typo is not a new store.
 			dir = defaultLocalDir()
-		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, "", fmt.Errorf("local store: %w", err)
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return nil, "", fmt.Errorf("local store: %w", err)
+			}
+		} else if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			return nil, "", fmt.Errorf("--local-dir %s: not an existing directory", dir)
 		}
 		l, err := blobstore.NewLocal(dir)
 		if err != nil {
@@ -200,40 +204,60 @@ func mountWith(c *mountConfig, mountpoint string, args []string) error {
 	if err != nil {
 		return err
 	}
-	if !c.fg && os.Getenv(readyEnv) == "" {
-		return daemonize(args)
+	if st, err := os.Stat(mp); err != nil || !st.IsDir() {
+		return fmt.Errorf("mountpoint %s: not an existing directory", mp)
+	}
+	readyFD := os.Getenv(readyEnv)
+	if !c.fg && readyFD == "" {
+		return daemonize(args, mp)
 	}
 	logFile := c.logFile
-	if logFile == "" && os.Getenv(readyEnv) != "" && c.fs.CacheDir != "" {
-		logFile = filepath.Join(c.fs.CacheDir, "blobfs.log")
+	if logFile == "" && readyFD != "" {
+		logFile = backgroundLogFile(mp)
 	}
 	logger, err := newLogger(c.logLevel, logFile, os.Stderr)
 	if err != nil {
 		return err
 	}
-	ready := func(error) {}
-	if fdStr := os.Getenv(readyEnv); fdStr != "" {
+	// In the foreground, say where the mount is; in the background, tell
+	// the waiting parent (which says it) through the pipe.
+	ready := func(err error, desc string) {
+		if err == nil {
+			fmt.Fprintf(os.Stderr, "blobfs: mounted %s at %s\n", desc, mp)
+		}
+	}
+	if readyFD != "" {
 		var fd int
-		fmt.Sscan(fdStr, &fd)
+		fmt.Sscan(readyFD, &fd)
 		pipe := os.NewFile(uintptr(fd), "ready")
 		os.Unsetenv(readyEnv)
-		ready = func(err error) {
+		ready = func(err error, desc string) {
 			if err != nil {
-				fmt.Fprintln(pipe, err)
+				fmt.Fprintln(pipe, "error", err)
 			} else {
-				fmt.Fprintln(pipe, "ok")
+				fmt.Fprintln(pipe, "ok", desc)
 			}
 			pipe.Close()
 		}
 	}
 	err = serve(c, mp, logger, ready)
 	if err != nil {
-		ready(err)
+		ready(err, "")
 	}
 	return err
 }
 
-func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error)) error {
+// backgroundLogFile is where a detached mount logs unless --log-file says.
+func backgroundLogFile(mp string) string {
+	name := strings.Trim(strings.ReplaceAll(mp, "/", "-"), "-")
+	dir := "/var/log/blobfs"
+	if os.Geteuid() != 0 || os.MkdirAll(dir, 0o755) != nil {
+		dir = os.TempDir()
+	}
+	return filepath.Join(dir, "blobfs-"+name+".log")
+}
+
+func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, string)) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	store, desc, err := c.openStore(ctx)
@@ -262,10 +286,7 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error)) er
 		return err
 	}
 	logger.Info("mounted", "store", desc, "mountpoint", mp)
-	if os.Getenv(readyEnv) == "" {
-		fmt.Fprintf(os.Stderr, "blobfs: mounted %s at %s\n", desc, mp)
-	}
-	ready(nil)
+	ready(nil, desc)
 
 	done := make(chan error, 1)
 	go func() { done <- sess.Wait() }()
@@ -299,7 +320,7 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error)) er
 
 // daemonize re-runs this command in the background and returns once the
 // child has mounted (or failed, with its error).
-func daemonize(args []string) error {
+func daemonize(args []string, mp string) error {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return err
@@ -312,29 +333,27 @@ func daemonize(args []string) error {
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=3", readyEnv))
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
-	if err != nil {
+	// The child reports through the pipe and logs to its log file; it
+	// must not hold on to this terminal.
+	if cmd.Stdin, err = os.Open(os.DevNull); err != nil {
 		return err
 	}
-	defer devnull.Close()
-	cmd.Stdin = devnull
-	cmd.Stdout = devnull
-	cmd.Stderr = os.Stderr // pre-mount errors still reach the terminal
 	if err := cmd.Start(); err != nil {
 		return err
 	}
 	w.Close()
 	line, _ := bufio.NewReader(r).ReadString('\n')
-	line = strings.TrimSpace(line)
-	if line == "ok" {
+	status, msg, _ := strings.Cut(strings.TrimSpace(line), " ")
+	if status == "ok" {
 		cmd.Process.Release()
+		fmt.Fprintf(os.Stderr, "blobfs: mounted %s at %s (in the background; unmount with: blobfs unmount %s)\n", msg, mp, mp)
 		return nil
 	}
 	cmd.Wait()
-	if line == "" {
+	if msg == "" {
 		return errors.New("background mount exited before mounting")
 	}
-	return errors.New(line)
+	return errors.New(msg)
 }
 
 func unmountPath(mp string, lazy bool) error {
