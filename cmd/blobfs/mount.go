@@ -39,6 +39,7 @@ type mountConfig struct {
 	logLevel  string
 	logFile   string
 	checkTime time.Duration
+	grace     time.Duration
 }
 
 // registerMountFlags declares every mount flag; mount.blobfs -o options are
@@ -73,6 +74,7 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.StringVar(&c.logFile, "log-file", "", "log to this file (default: stderr in the foreground, CACHE_DIR/blobfs.log in the background)")
 	fl.BoolVar(&c.mount.Debug, "debug-fuse", false, "log every FUSE request and reply (very verbose)")
 	fl.DurationVar(&c.checkTime, "check-timeout", 30*time.Second, "how long the pre-mount check of the store may take")
+	fl.DurationVar(&c.grace, "shutdown-grace", 10*time.Second, "on SIGTERM with files still open, how long to keep serving them (detached) before exiting")
 }
 
 func newMountConfig() *mountConfig {
@@ -309,11 +311,21 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 		logger.Error("upload before unmount failed; data kept in the cache directory", "err", err)
 	}
 	if err := sess.Unmount(false); err != nil {
-		logger.Warn("mount busy; detaching lazily", "err", err)
+		// Files are still open: detach the mount from the namespace now
+		// and serve the open files a little longer, then upload what
+		// they wrote meanwhile and go.
+		logger.Warn("mount busy; detaching lazily", "err", err, "grace", c.grace)
 		if err := fusefs.Unmount(mp, true); err != nil {
 			return fmt.Errorf("unmount %s: %w", mp, err)
 		}
-		<-done
+		select {
+		case <-done:
+		case <-time.After(c.grace):
+			logger.Warn("files still open after the grace period; exiting")
+		}
+		if err := fsys.Sync(sctx); err != nil {
+			logger.Error("upload before exit failed; data kept in the cache directory", "err", err)
+		}
 	}
 	return nil
 }

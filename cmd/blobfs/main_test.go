@@ -1,0 +1,255 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/blobstore/storetest"
+)
+
+func TestHelperFlags(t *testing.T) {
+	for _, tc := range []struct {
+		source string
+		opts   []string
+		want   []string
+		err    bool
+	}{
+		{"mycontainer", []string{"defaults", "_netdev", "nofail"}, []string{"--container=mycontainer"}, false},
+		{"azure:c", []string{"ro", "allow_other", "block-cache-mb=512"}, []string{"--container=c", "--read-only", "--allow-other", "--block-cache-mb=512"}, false},
+		{"local:/srv/data", []string{"x-systemd.automount", "cache_dir=/var/cache/b"}, []string{"--local-dir=/srv/data", "--cache-dir=/var/cache/b"}, false},
+		{"c", []string{"foreground"}, nil, true},
+	} {
+		got, err := helperFlags(tc.source, tc.opts)
+		if (err != nil) != tc.err || !slices.Equal(got, tc.want) {
+			t.Errorf("helperFlags(%q, %q) = %q, %v; want %q (error %v)", tc.source, tc.opts, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+var binDir string
+
+// blobfsBin builds the binary once per test run.
+func blobfsBin(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mount tests need root")
+	}
+	if binDir == "" {
+		dir, err := os.MkdirTemp("", "blobfs-bin-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "blobfs"), ".").CombinedOutput()
+		if err != nil {
+			t.Fatalf("build: %v\n%s", err, out)
+		}
+		if err := os.Symlink("blobfs", filepath.Join(dir, "mount.blobfs")); err != nil {
+			t.Fatal(err)
+		}
+		binDir = dir
+	}
+	return filepath.Join(binDir, "blobfs")
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+func mounted(t *testing.T, mp string) bool {
+	t.Helper()
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fields := strings.Fields(sc.Text()); len(fields) > 4 && fields[4] == mp {
+			return true
+		}
+	}
+	return false
+}
+
+func waitMounted(t *testing.T, mp string, want bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for mounted(t, mp) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s mounted=%v, want %v", mp, !want, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestForegroundMountSurvivesUntilSIGTERM: a foreground mount serves, and on
+// SIGTERM uploads what is open and unmounts.
+func TestForegroundMountSIGTERM(t *testing.T) {
+	bin := blobfsBin(t)
+	store, mp := t.TempDir(), t.TempDir()
+	cmd := exec.Command(bin, "mount", "--foreground", "--shutdown-grace", "1s", "--local-dir", store, "--cache-dir", t.TempDir(), mp)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); syscall.Unmount(mp, syscall.MNT_DETACH) })
+	waitMounted(t, mp, true)
+
+	// A file still open for writing when the signal comes is uploaded.
+	f, err := os.Create(filepath.Join(mp, "open.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("written before SIGTERM"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("blobfs exited with %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("blobfs did not exit after SIGTERM")
+	}
+	f.Close()
+	if mounted(t, mp) {
+		t.Fatal("still mounted after SIGTERM")
+	}
+	got, err := os.ReadFile(filepath.Join(store, "open.txt"))
+	if err != nil || string(got) != "written before SIGTERM" {
+		t.Fatalf("store has %q, %v", got, err)
+	}
+}
+
+// TestBackgroundMountAndHelper: blobfs mount detaches once mounted; the
+// mount.blobfs helper takes fstab-style options.
+func TestBackgroundMountAndHelper(t *testing.T) {
+	bin := blobfsBin(t)
+	store, mp := t.TempDir(), t.TempDir()
+	out, err := exec.Command(bin, "mount", "--local-dir", store, "--log-file", filepath.Join(t.TempDir(), "log"), mp).CombinedOutput()
+	if err != nil {
+		t.Fatalf("mount: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "mounted local directory "+store+" at "+mp) {
+		t.Fatalf("mount did not say where: %q", out)
+	}
+	if !mounted(t, mp) {
+		t.Fatal("not mounted after blobfs mount returned")
+	}
+	if err := os.WriteFile(filepath.Join(mp, "f"), []byte("bg"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "unmount", mp).CombinedOutput(); err != nil {
+		t.Fatalf("unmount: %v\n%s", err, out)
+	}
+	waitMounted(t, mp, false)
+	if got, _ := os.ReadFile(filepath.Join(store, "f")); string(got) != "bg" {
+		t.Fatalf("store has %q", got)
+	}
+
+	helper := filepath.Join(filepath.Dir(bin), "mount.blobfs")
+	out, err = exec.Command(helper, "local:"+store, mp, "-o", "ro,defaults,_netdev,block-cache-mb=64,log-file="+filepath.Join(t.TempDir(), "log")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("mount.blobfs: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { syscall.Unmount(mp, syscall.MNT_DETACH) })
+	if got, err := os.ReadFile(filepath.Join(mp, "f")); err != nil || string(got) != "bg" {
+		t.Fatalf("read through helper mount: %q %v", got, err)
+	}
+	err = os.WriteFile(filepath.Join(mp, "g"), []byte("x"), 0o644)
+	if !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("write on a read-only mount: %v", err)
+	}
+	if out, err := exec.Command(bin, "unmount", mp).CombinedOutput(); err != nil {
+		t.Fatalf("unmount: %v\n%s", err, out)
+	}
+}
+
+// TestPreMountValidation: bad input ends with one clear line, exit status 1,
+// and nothing mounted.
+func TestPreMountValidation(t *testing.T) {
+	bin := blobfsBin(t)
+	mp := t.TempDir()
+	cases := []struct {
+		name string
+		args []string
+		env  []string
+		want string
+	}{
+		{"missing local dir", []string{"--local-dir", "/nonexistent/blobfs"}, nil, "not an existing directory"},
+		{"bad endpoint URL", []string{"--container", "cont1", "--account", "a", "--endpoint", "ht!tp://x y", "--auth-type", "anonymous"}, nil, "endpoint"},
+		{"unreachable endpoint", []string{"--container", "cont1", "--endpoint", "http://127.0.0.1:1/devstoreaccount1", "--auth-type", "anonymous", "--retry-attempts", "1"}, nil, "reach"},
+		{"bad container name", []string{"--container", "Not_Valid", "--account", "a", "--auth-type", "anonymous"}, nil, "container name"},
+	}
+	if os.Getenv(storetest.EnvAzurite) != "" {
+		cfg := storetest.AzuriteConfig(t)
+		cases = append(cases,
+			struct {
+				name string
+				args []string
+				env  []string
+				want string
+			}{"wrong key", []string{"--container", cfg.Container, "--endpoint", cfg.Endpoint, "--auth-type", "key"},
+				[]string{"AZURE_STORAGE_ACCOUNT=" + blobstore.AzuriteAccount, "AZURE_STORAGE_KEY=" + strings.Repeat("A", 86) + "=="}, "key"},
+			struct {
+				name string
+				args []string
+				env  []string
+				want string
+			}{"missing container", []string{"--container", "no-such-container", "--endpoint", cfg.Endpoint, "--auth-type", "key"},
+				[]string{"AZURE_STORAGE_ACCOUNT=" + blobstore.AzuriteAccount, "AZURE_STORAGE_KEY=" + cfg.Key}, "container"},
+		)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, append(append([]string{"mount"}, tc.args...), mp)...)
+			cmd.Env = append(cleanEnv(), tc.env...)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+				t.Fatalf("exit: %v, output %q", err, out)
+			}
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			if len(lines) != 1 || !strings.Contains(strings.ToLower(lines[0]), tc.want) {
+				t.Fatalf("want one line mentioning %q, got %q", tc.want, out)
+			}
+			if mounted(t, mp) {
+				t.Fatal("something got mounted")
+			}
+			fmt.Fprintln(os.Stderr) // keep -v output readable
+		})
+	}
+}
+
+// cleanEnv is the environment without Azure settings of the caller.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "AZURE_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
