@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 ./.ci/azurite.sh start
 trap './.ci/azurite.sh stop' EXIT
 
-export BLOBFS_TEST_AZURITE="${BLOBFS_TEST_AZURITE:-http://127.0.0.1:10000/devstoreaccount1}"
+export BLOBFS_TEST_AZURITE="${BLOBFS_TEST_AZURITE:-http://127.0.0.1:${AZURITE_PORT:-10000}/devstoreaccount1}"
 go vet ./...
 # Everything under the race detector; then the multi-GiB integrity run,
 # which the race detector makes too slow, without it.
