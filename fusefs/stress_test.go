@@ -423,3 +423,24 @@ func TestSequentialWriteStreamsBlocks(t *testing.T) {
 	copy(want[100:], "REWRITE")
 	wantBlob(t, mem, "rewound", want)
 }
+
+// TestKernelReadAheadRaised: the mount's read-ahead is raised so that the
+// kernel sends large READs several at a time.
+func TestKernelReadAheadRaised(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	mnt, _ := mountStore(t, blobstore.NewMemory(), Options{})
+	var st syscall.Stat_t
+	if err := syscall.Stat(mnt, &st); err != nil {
+		t.Fatal(err)
+	}
+	major, minor := (st.Dev>>8)&0xfff, (st.Dev&0xff)|((st.Dev>>12)&0xfff00)
+	b, err := os.ReadFile(fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", major, minor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(bytes.TrimSpace(b)); got != "4096" {
+		t.Fatalf("read_ahead_kb = %s, want 4096", got)
+	}
+}

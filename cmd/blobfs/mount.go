@@ -67,6 +67,7 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.IntVar(&c.gid, "gid", os.Getgid(), "group of every file")
 	fl.UintVar(&c.umask, "umask", 0o022, "umask applied to modes 0777 (directories) and 0666 (files)")
 	fl.IntVar(&c.mount.Readers, "fuse-readers", 8, "goroutines reading FUSE requests")
+	fl.IntVar(&c.mount.ReadAheadKB, "kernel-readahead-kb", 4096, "kernel read-ahead for the mount, KiB (root only; -1 keeps the kernel's 128)")
 	fl.IntVar(&c.retry.MaxAttempts, "retry-attempts", 0, "attempts per store request on throttling and transient errors (default 5)")
 	fl.DurationVar(&c.retry.MaxDelay, "retry-max-delay", 0, "longest wait between attempts (default 5s)")
 	fl.BoolVar(&c.fg, "foreground", false, "stay in the foreground (default: detach once mounted)")
