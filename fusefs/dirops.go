@@ -215,7 +215,7 @@ func (fs *FS) ReadDirPlus(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.Dir
 		if !(n.file != nil && n.file.hasSpill.Load()) && !it.entry.pending {
 			fs.applyEntryLocked(n, it.entry)
 		}
-		n.lookups++
+		fs.nodes.ref(n)
 		fs.fillEntry(n, e)
 	}
 	return fuse.OK
@@ -224,7 +224,7 @@ func (fs *FS) ReadDirPlus(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.Dir
 func (fs *FS) ReleaseDir(in *fuse.ReleaseIn) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	delete(fs.handles, in.Fh)
+	fs.dropHandleLocked(in.Fh)
 }
 
 func (fs *FS) FsyncDir(cancel <-chan struct{}, in *fuse.FsyncIn) fuse.Status {

@@ -32,6 +32,22 @@ func (fs *FS) newHandleLocked(n *node, of *openFile, write bool) *handle {
 	h := &handle{id: fs.nextHandle, n: n, of: of, write: write}
 	fs.nextHandle++
 	fs.handles[h.id] = h
+	if fs.nodes.state != nil {
+		fs.nodes.state.append(handleRecord(nil, h))
+	}
+	return h
+}
+
+// dropHandleLocked forgets a released handle.
+func (fs *FS) dropHandleLocked(fh uint64) *handle {
+	h := fs.handles[fh]
+	if h == nil {
+		return nil
+	}
+	delete(fs.handles, fh)
+	if fs.nodes.state != nil {
+		fs.nodes.state.append(idRecord(nil, recHandleDrop, fh))
+	}
 	return h
 }
 
@@ -91,14 +107,16 @@ func (fs *FS) releaseFile(of *openFile) {
 
 // retryCommit keeps retrying an upload that failed at release, holding a
 // reference so the data stays readable through the mount meanwhile.
-func (fs *FS) retryCommit(of *openFile) {
+func (fs *FS) retryCommit(of *openFile) { fs.retryCommitAfter(of, time.Second) }
+
+func (fs *FS) retryCommitAfter(of *openFile, first time.Duration) {
 	fs.mu.Lock()
 	of.refs++
 	fs.mu.Unlock()
 	fs.bg.Add(1)
 	go func() {
 		defer fs.bg.Done()
-		delay := time.Second
+		delay := first
 		for {
 			select {
 			case <-time.After(delay):
@@ -116,7 +134,7 @@ func (fs *FS) retryCommit(of *openFile) {
 				fs.releaseFile(of)
 				return
 			}
-			delay = min(delay*2, time.Minute)
+			delay = min(max(delay*2, time.Second), time.Minute)
 		}
 	}()
 }
@@ -238,7 +256,7 @@ func (fs *FS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out
 
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	n.lookups++
+	fs.nodes.ref(n)
 	fs.fillEntry(n, &out.EntryOut)
 	h := fs.newHandleLocked(n, of, true)
 	out.Fh = h.id
@@ -273,12 +291,24 @@ func (fs *FS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.Re
 	if !ok {
 		return nil, fuse.Status(syscall.ESTALE)
 	}
+	ctx, cf := fs.reqContext(cancel)
+	defer cf()
+	if inStore && etag == "" {
+		// Attributes not known yet: a node restored from the state
+		// region of a previous process.
+		a, err := fs.store.Stat(ctx, path)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		fs.mu.Lock()
+		fs.applyEntryLocked(h.n, entryFromAttrs(a))
+		fs.mu.Unlock()
+		etag, size = a.ETag, a.Size
+	}
 	if !inStore || off >= size {
 		return fuse.ReadResultData(nil), fuse.OK
 	}
 	fs.readAhead(h, path, etag, size, off, len(buf))
-	ctx, cf := fs.reqContext(cancel)
-	defer cf()
 	n, err := fs.blocks.read(ctx, path, etag, size, buf, off)
 	if errors.Is(err, blobstore.ErrPreconditionFailed) {
 		// The blob was replaced (by a rename's copy, or another
@@ -375,8 +405,7 @@ func (fs *FS) commit(cancel <-chan struct{}, h *handle) fuse.Status {
 
 func (fs *FS) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
 	fs.mu.Lock()
-	h := fs.handles[in.Fh]
-	delete(fs.handles, in.Fh)
+	h := fs.dropHandleLocked(in.Fh)
 	fs.mu.Unlock()
 	if h != nil && h.of != nil {
 		fs.releaseFile(h.of)

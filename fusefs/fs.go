@@ -41,6 +41,10 @@ type FS struct {
 	cancel context.CancelFunc
 	bg     sync.WaitGroup
 
+	// adoptInit is the INIT request of a mount restored from a state
+	// region: the mount is live and must be adopted, not mounted.
+	adoptInit []byte
+
 	mu         sync.Mutex
 	nodes      *nodeTable         // guarded by mu
 	handles    map[uint64]*handle // guarded by mu
@@ -80,6 +84,12 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		nodes:         newNodeTable(),
 		handles:       map[uint64]*handle{},
 		nextHandle:    1,
+	}
+	if opts.State != nil {
+		if err := fs.attachState(opts.State); err != nil {
+			cancel()
+			return nil, fmt.Errorf("state region: %w", err)
+		}
 	}
 	return fs, nil
 }
@@ -318,7 +328,7 @@ func (fs *FS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out 
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	n.lookups++
+	fs.nodes.ref(n)
 	fs.fillEntry(n, out)
 	return fuse.OK
 }

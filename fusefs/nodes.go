@@ -66,6 +66,9 @@ type node struct {
 	// lastOpenETag is the ETag seen at the last open, to tell the kernel
 	// it may keep its page cache when the blob has not changed.
 	lastOpenETag string
+	// fileRecord is the journaled state of n's spill file, kept here so
+	// that a checkpoint can write it without taking openFile locks.
+	fileRecord []byte
 }
 
 type bindingKey struct {
@@ -78,6 +81,12 @@ type nodeTable struct {
 	byName   map[bindingKey]*node
 	nextID   uint64
 	rootTime time.Time
+	// state journals every change the kernel may depend on; nil when the
+	// mount need not survive its process.
+	state *stateRegion
+	// onCheckpoint returns the records of the tables beyond nodes (handles,
+	// files) for a checkpoint of the state region.
+	onCheckpoint func(dst []byte) []byte
 }
 
 func newNodeTable() *nodeTable {
@@ -92,6 +101,38 @@ func newNodeTable() *nodeTable {
 }
 
 func (t *nodeTable) get(id uint64) *node { return t.byID[id] }
+
+// ref counts one more kernel reference to n; the caller replies with n's id.
+func (t *nodeTable) ref(n *node) {
+	n.lookups++
+	t.save(n)
+}
+
+// save journals n's binding and lookup count.
+func (t *nodeTable) save(n *node) {
+	if t.state == nil || n.id == fuse.FUSE_ROOT_ID {
+		return
+	}
+	t.state.append(nodeRecord(nil, n))
+	t.maybeCheckpoint()
+}
+
+func (t *nodeTable) maybeCheckpoint() {
+	if !t.state.needsCheckpoint() {
+		return
+	}
+	var b []byte
+	for _, n := range t.byID {
+		if n.id != fuse.FUSE_ROOT_ID {
+			b = nodeRecord(b, n)
+		}
+		b = append(b, n.fileRecord...)
+	}
+	if t.onCheckpoint != nil {
+		b = t.onCheckpoint(b)
+	}
+	t.state.checkpoint(b)
+}
 
 func (t *nodeTable) child(parent uint64, name string) *node {
 	return t.byName[bindingKey{parent, name}]
@@ -129,6 +170,7 @@ func (t *nodeTable) link(n *node, parent uint64, name string) {
 	if p := t.byID[parent]; p != nil {
 		p.children++
 	}
+	t.save(n)
 }
 
 // unlink removes n's binding and lets its old parent go if unused.
@@ -142,6 +184,9 @@ func (t *nodeTable) unlink(n *node) {
 	}
 	p := t.byID[n.parent]
 	n.parent = 0
+	if _, live := t.byID[n.id]; live {
+		t.save(n)
+	}
 	if p != nil {
 		p.children--
 		t.maybeDrop(p)
@@ -182,6 +227,7 @@ func (t *nodeTable) forget(id, nlookup uint64) {
 		nlookup = n.lookups
 	}
 	n.lookups -= nlookup
+	t.save(n)
 	t.maybeDrop(n)
 }
 
@@ -195,6 +241,9 @@ func (t *nodeTable) maybeDrop(n *node) {
 		return
 	}
 	delete(t.byID, n.id)
+	if t.state != nil {
+		t.state.append(idRecord(nil, recNodeDrop, n.id))
+	}
 	t.unlink(n)
 }
 

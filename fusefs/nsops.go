@@ -26,7 +26,7 @@ func (fs *FS) newChild(dir *node, dirPath, name string, e dirEntry, out *fuse.En
 	defer fs.mu.Unlock()
 	n := fs.nodes.bind(dir.id, name, e.kind)
 	fs.applyEntryLocked(n, e)
-	n.lookups++
+	fs.nodes.ref(n)
 	fs.fillEntry(n, out)
 }
 

@@ -127,6 +127,9 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 	}
 	of.spill, of.spillPath = f, f.Name()
 	of.hasSpill.Store(true)
+	// Journaled as dirty at once: the change that needed the spill file
+	// follows, and a successor must upload it.
+	of.fs.journalFile(of.n, of.spillPath, of.baseETag, true, of.exclusive)
 	if of.size == 0 && of.gen == of.committedGen {
 		if name := of.streamName.Load(); name != nil {
 			of.stream = of.fs.newBlockStream(*name)
@@ -145,7 +148,7 @@ func (of *openFile) write(ctx context.Context, data []byte, off int64) error {
 		return fmt.Errorf("spill write: %w", err)
 	}
 	of.setSizeLocked(max(of.size, off+int64(len(data))))
-	of.gen++
+	of.changedLocked()
 	if st := of.stream; st != nil {
 		if off < st.next {
 			st.abandon()
@@ -178,7 +181,7 @@ func (of *openFile) truncate(ctx context.Context, size int64) error {
 		of.stream = nil
 	}
 	of.setSizeLocked(size)
-	of.gen++
+	of.changedLocked()
 	return nil
 }
 
@@ -207,7 +210,17 @@ func (of *openFile) setMtime(t time.Time) {
 	of.mu.Lock()
 	defer of.mu.Unlock()
 	of.mtime = &t
+	of.changedLocked()
+}
+
+// changedLocked marks a change; the first one after a commit is journaled,
+// so that a successor process knows the spill file must be uploaded.
+func (of *openFile) changedLocked() {
+	wasClean := !of.dirty()
 	of.gen++
+	if wasClean && of.spill != nil {
+		of.fs.journalFile(of.n, of.spillPath, of.baseETag, true, of.exclusive)
+	}
 }
 
 // commit uploads the spill file if the file has changes not in the store.
@@ -284,6 +297,7 @@ func (of *openFile) commit(ctx context.Context) error {
 	of.baseMeta = opts.Metadata
 	of.exclusive = false
 	of.commitErr = nil
+	of.fs.journalFile(of.n, of.spillPath, of.baseETag, of.dirty(), false)
 	of.mu.Unlock()
 	of.fs.committed(of.n, path, attrs, size)
 	return nil
@@ -303,6 +317,7 @@ func (of *openFile) close() {
 		os.Remove(of.spillPath)
 		of.spill = nil
 		of.hasSpill.Store(false)
+		of.fs.journalFile(of.n, "", "", false, false)
 	}
 }
 
@@ -323,6 +338,7 @@ func (of *openFile) keepSpill(blobName string) string {
 	}
 	of.spill = nil
 	of.hasSpill.Store(false)
+	of.fs.journalFile(of.n, "", "", false, false)
 	if of.stream != nil {
 		of.stream.abandon()
 		of.stream = nil

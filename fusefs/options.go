@@ -44,6 +44,12 @@ type Options struct {
 
 	// Logger receives operational messages. Default: slog.Default().
 	Logger *slog.Logger
+
+	// State is the state region (see NewState) that lets another process
+	// adopt this mount. If it holds the state of a previous process, New
+	// rebuilds the tables from it and AdoptInit returns the mount's INIT
+	// request. Nil: the mount dies with its process.
+	State *os.File
 }
 
 const (

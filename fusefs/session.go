@@ -69,6 +69,9 @@ type MountOptions struct {
 	// Debug logs every request and reply through Logger.
 	Debug  bool
 	Logger *slog.Logger
+	// OnInit, if set, receives the kernel's INIT request before it is
+	// answered (FS.SaveInit keeps it in the state region for adoption).
+	OnInit func(init []byte) error
 }
 
 const (
@@ -81,7 +84,7 @@ const (
 
 // Mount mounts fs at mountpoint and starts serving it. It returns once the
 // kernel has completed the INIT handshake, so the mount is usable.
-func Mount(mountpoint string, fs fuse.RawFileSystem, opts MountOptions) (*Session, error) {
+func (opts MountOptions) withDefaults() MountOptions {
 	if opts.Readers <= 0 {
 		opts.Readers = defaultReaders
 	}
@@ -97,45 +100,98 @@ func Mount(mountpoint string, fs fuse.RawFileSystem, opts MountOptions) (*Sessio
 	if opts.ReadAheadKB == 0 {
 		opts.ReadAheadKB = 4096
 	}
-	mp, err := filepath.Abs(mountpoint)
+	return opts
+}
+
+func Mount(mountpoint string, fs fuse.RawFileSystem, opts MountOptions) (*Session, error) {
+	opts = opts.withDefaults()
+	mp, fd, err := MountFD(mountpoint, opts)
 	if err != nil {
 		return nil, err
 	}
+	s, err := Serve(mp, fd, fs, opts)
+	if err != nil {
+		unmount(mp, true)
+		syscall.Close(fd)
+		return nil, err
+	}
+	return s, nil
+}
+
+// MountFD mounts a FUSE filesystem at mountpoint and returns the absolute
+// mountpoint and the /dev/fuse descriptor, without serving it: the kernel's
+// INIT waits on the descriptor for whoever serves it (Serve). A supervisor
+// mounts this way and hands the descriptor to a worker it can restart.
+func MountFD(mountpoint string, opts MountOptions) (string, int, error) {
+	opts = opts.withDefaults()
+	mp, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return "", -1, err
+	}
 	st, err := os.Stat(mp)
 	if err != nil {
-		return nil, fmt.Errorf("mountpoint: %w", err)
+		return "", -1, fmt.Errorf("mountpoint: %w", err)
 	}
 	if !st.IsDir() {
-		return nil, fmt.Errorf("mountpoint %s is not a directory", mp)
+		return "", -1, fmt.Errorf("mountpoint %s is not a directory", mp)
 	}
 	fd, err := mountFUSE(mp, opts)
 	if err != nil {
-		return nil, fmt.Errorf("mount %s: %w", mp, err)
+		return "", -1, fmt.Errorf("mount %s: %w", mp, err)
 	}
-	s := &Session{mountpoint: mp, fd: fd, opts: opts}
-	s.server = fuse.NewProtocolServer(fs, &fuse.MountOptions{
-		MaxWrite:      opts.MaxWrite,
-		MaxBackground: 64,
-		Debug:         opts.Debug,
-		Logger:        log.New(logWriter{opts.Logger}, "", 0),
-	})
+	return mp, fd, nil
+}
+
+// Serve starts serving a mount made by MountFD: it answers INIT (the mount
+// is usable when Serve returns) and starts the readers. If fs was restored
+// from a state region (FS.AdoptInit), the mount is live already and Serve
+// adopts it instead.
+func Serve(mountpoint string, fd int, fs fuse.RawFileSystem, opts MountOptions) (*Session, error) {
+	opts = opts.withDefaults()
+	if a, ok := fs.(interface{ AdoptInit() []byte }); ok && a.AdoptInit() != nil {
+		return Adopt(mountpoint, fd, a.AdoptInit(), fs, opts)
+	}
+	if saver, ok := fs.(interface{ SaveInit([]byte) error }); ok && opts.OnInit == nil {
+		opts.OnInit = saver.SaveInit
+	}
+	s := newSession(mountpoint, fd, fs, opts)
 	if err := s.handshake(); err != nil {
-		s.abort()
 		return nil, err
 	}
 	for range opts.Readers {
 		s.readers.Add(1)
 		go s.serve()
 	}
-	if err := disableKernelPoll(mp); err != nil {
+	if err := disableKernelPoll(mountpoint); err != nil {
 		opts.Logger.Warn("could not switch off FUSE poll", "err", err)
 	}
 	if opts.ReadAheadKB > 0 {
-		if err := setReadAhead(mp, opts.ReadAheadKB); err != nil {
+		if err := setReadAhead(mountpoint, opts.ReadAheadKB); err != nil {
 			opts.Logger.Debug("could not set the kernel read-ahead", "err", err)
 		}
 	}
 	return s, nil
+}
+
+// disableKernelPoll makes the kernel send one FUSE_POLL, which the
+// ProtocolServer answers with ENOSYS, so that the kernel never polls this
+// mount again. Without it, Go's runtime registering a file of this mount
+// with its netpoller (epoll_ctl, done without releasing its P) sends a POLL
+// that can only be answered by a goroutine of this same process, which may
+// need that P: the process deadlocks. It matters whenever the serving
+// process opens files on its own mount (tests, health checks). The setting
+// belongs to the connection, so an adopted mount keeps it.
+func disableKernelPoll(mountpoint string) error {
+	// go-fuse answers every request for this reserved name itself.
+	const pollHackName = ".go-fuse-epoll-hack"
+	fd, err := unix.Open(filepath.Join(mountpoint, pollHackName), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}
+	_, err = unix.Poll(pfd, 0)
+	return err
 }
 
 // setReadAhead writes the mount's backing-device read-ahead in sysfs
@@ -149,25 +205,80 @@ func setReadAhead(mountpoint string, kb int) error {
 	return os.WriteFile(path, []byte(fmt.Sprint(kb)), 0)
 }
 
-// disableKernelPoll makes the kernel send one FUSE_POLL, which the
-// ProtocolServer answers with ENOSYS, so that the kernel never polls this
-// mount again. Without it, Go's runtime registering a file of this mount
-// with its netpoller (epoll_ctl, done without releasing its P) sends a POLL
-// that can only be answered by a goroutine of this same process, which may
-// need that P: the process deadlocks. It matters whenever the serving
-// process opens files on its own mount (tests, health checks).
-func disableKernelPoll(mountpoint string) error {
-	// go-fuse answers every request for this reserved name itself.
-	const pollHackName = ".go-fuse-epoll-hack"
-	fd, err := unix.Open(filepath.Join(mountpoint, pollHackName), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
+func newSession(mp string, fd int, fs fuse.RawFileSystem, opts MountOptions) *Session {
+	s := &Session{mountpoint: mp, fd: fd, opts: opts}
+	s.server = fuse.NewProtocolServer(fs, &fuse.MountOptions{
+		MaxWrite:      opts.MaxWrite,
+		MaxBackground: 64,
+		Debug:         opts.Debug,
+		Logger:        log.New(logWriter{opts.Logger}, "", 0),
+	})
+	return s
+}
+
+// Adopt serves a live mount whose previous server died or handed over: fd
+// is the mount's /dev/fuse descriptor (kept by a keeper), init the INIT
+// request saved when it was mounted, and fs a filesystem restored from the
+// mount's state region.
+//
+// The saved INIT is replayed into the new ProtocolServer so that it
+// negotiates what the kernel already agreed to (the reply is discarded: the
+// kernel got one long ago). Then, if the kernel supports it, FUSE_NOTIFY_RESEND
+// asks it to queue again every request the dead process had read and not
+// answered; without it, such a request would wait forever.
+func Adopt(mountpoint string, fd int, init []byte, fs fuse.RawFileSystem, opts MountOptions) (*Session, error) {
+	opts = opts.withDefaults()
+	if len(init) < 40+20 || leUint32(init[4:8]) != 26 {
+		return nil, errors.New("adopt: the saved INIT request is not one")
 	}
-	defer unix.Close(fd)
-	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}
-	_, err = unix.Poll(pfd, 0)
+	s := newSession(mountpoint, fd, fs, opts)
+	s.initRequest = append([]byte(nil), init...)
+	scratch := make([]byte, 4096)
+	if _, st := s.server.HandleRequest([][]byte{append([]byte(nil), init...)}, [][]byte{scratch}); !st.Ok() {
+		return nil, fmt.Errorf("adopt: replay INIT: %v", st)
+	}
+	if kernelHasResend(init) {
+		if err := s.notifyResend(); err != nil {
+			opts.Logger.Warn("FUSE_NOTIFY_RESEND failed; requests taken by the previous server may hang", "err", err)
+		}
+	} else {
+		opts.Logger.Warn("kernel lacks FUSE_NOTIFY_RESEND (Linux < 6.9): a request the previous server had taken and not answered will not complete")
+	}
+	for range opts.Readers {
+		s.readers.Add(1)
+		go s.serve()
+	}
+	return s, nil
+}
+
+// kernelHasResend reads FUSE_HAS_RESEND (flags bit 39, i.e. bit 7 of
+// flags2) from a raw INIT request: in_header (40 bytes), then major, minor,
+// max_readahead, flags, flags2.
+func kernelHasResend(init []byte) bool {
+	const flags2Off = 40 + 16
+	if len(init) < flags2Off+4 {
+		return false
+	}
+	return leUint32(init[flags2Off:])&(1<<(39-32)) != 0
+}
+
+// notifyResend writes FUSE_NOTIFY_RESEND: an out header with unique 0 and
+// the notify code (7) in the error field, and no body.
+func (s *Session) notifyResend() error {
+	const notifyResend = 7
+	var msg [16]byte
+	putLeUint32(msg[0:], 16)
+	putLeUint32(msg[4:], notifyResend)
+	_, err := syscall.Write(s.fd, msg[:])
 	return err
 }
+
+func putLeUint32(b []byte, v uint32) {
+	b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+}
+
+// Fd returns the mount's /dev/fuse descriptor, to hand to a keeper.
+func (s *Session) Fd() int { return s.fd }
 
 // Mountpoint returns the absolute path served.
 func (s *Session) Mountpoint() string { return s.mountpoint }
@@ -192,6 +303,11 @@ func (s *Session) handshake() error {
 			return fmt.Errorf("first FUSE request is opcode %d, not INIT", leUint32(in[4:8]))
 		}
 		s.initRequest = append([]byte(nil), in[:n]...)
+		if s.opts.OnInit != nil {
+			if err := s.opts.OnInit(s.initRequest); err != nil {
+				return fmt.Errorf("save INIT: %w", err)
+			}
+		}
 		return s.reply(in[:n], out)
 	}
 }
@@ -278,12 +394,6 @@ func (s *Session) Unmount(lazy bool) error {
 		return err
 	}
 	return s.Wait()
-}
-
-// abort tears down a mount whose handshake failed.
-func (s *Session) abort() {
-	unmount(s.mountpoint, true)
-	syscall.Close(s.fd)
 }
 
 // mountFUSE opens /dev/fuse and mounts it: with mount(2) as root, through

@@ -1,0 +1,178 @@
+package fusefs
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// NewState returns a fresh, empty state region (a memfd) for a mount that
+// must survive its serving process. Pass it in Options.State, and keep a
+// duplicate of it, with the /dev/fuse fd, in a process that outlives the
+// server (the keeper).
+func NewState() (*os.File, error) {
+	r, err := newStateRegion()
+	if err != nil {
+		return nil, err
+	}
+	return r.f, nil
+}
+
+// journalFile records n's spill file state (path "" once there is none).
+// Callers may hold the openFile's mu (the lock order allows FS.mu after it).
+func (fs *FS) journalFile(n *node, spillPath, baseETag string, dirty, exclusive bool) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.nodes.state == nil {
+		return
+	}
+	rec := fileRecord(nil, n.id, spillPath, baseETag, dirty, exclusive)
+	if spillPath == "" {
+		n.fileRecord = nil
+	} else {
+		n.fileRecord = rec
+	}
+	fs.nodes.state.append(rec)
+}
+
+// handleRecords adds the handle table to a checkpoint.
+func (fs *FS) handleRecords(dst []byte) []byte {
+	for _, h := range fs.handles {
+		dst = handleRecord(dst, h)
+	}
+	return dst
+}
+
+// attachState journals into the region in opts.State, first rebuilding the
+// tables from it when a previous process left them there.
+func (fs *FS) attachState(f *os.File) error {
+	region, saved, err := readStateRegion(f)
+	if err != nil {
+		return err
+	}
+	fs.nodes.state = region
+	fs.nodes.onCheckpoint = fs.handleRecords
+	if len(saved.init) == 0 {
+		return nil // a fresh region
+	}
+	fs.adoptInit = saved.init
+	return fs.restore(saved)
+}
+
+// restore rebuilds the node, handle and open-file tables. Attributes are
+// not saved: every restored node is revalidated on first use.
+func (fs *FS) restore(saved *savedState) error {
+	t := fs.nodes
+	state := t.state
+	t.state = nil // replaying, not journaling
+	defer func() { t.state = state }()
+
+	for id, sn := range saved.nodes {
+		if id == fuse.FUSE_ROOT_ID {
+			continue
+		}
+		t.byID[id] = &node{id: id, kind: sn.kind, lookups: sn.lookups, name: sn.name, inStore: true}
+	}
+	for id, sn := range saved.nodes {
+		n := t.byID[id]
+		if n == nil || sn.parent == 0 {
+			continue
+		}
+		if _, ok := t.byID[sn.parent]; !ok {
+			fs.log.Warn("state: node's parent is gone; detached", "node", id, "name", sn.name)
+			continue
+		}
+		if other := t.child(sn.parent, sn.name); other != nil {
+			fs.log.Warn("state: name bound twice; keeping the newer node", "name", sn.name)
+			if other.id > id {
+				continue
+			}
+			t.unlink(other)
+		}
+		t.link(n, sn.parent, sn.name)
+	}
+	t.nextID = max(t.nextID, saved.nextID)
+	fs.nextHandle = max(fs.nextHandle, saved.nextHandle)
+
+	for id, sf := range saved.files {
+		n := t.byID[id]
+		if n == nil {
+			continue
+		}
+		f, err := os.OpenFile(sf.spillPath, os.O_RDWR, 0)
+		if err != nil {
+			// The data of an open file is gone: nothing can bring it
+			// back; say so loudly.
+			fs.log.Error("state: spill file of an open file is missing", "node", id, "spill", sf.spillPath, "err", err)
+			continue
+		}
+		st, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return fmt.Errorf("spill %s: %w", sf.spillPath, err)
+		}
+		of := &openFile{fs: fs, n: n, spill: f, spillPath: sf.spillPath, baseETag: sf.baseETag, exclusive: sf.exclusive}
+		of.setSizeLocked(st.Size())
+		of.hasSpill.Store(true)
+		if sf.dirty {
+			of.gen = 1
+			if sf.baseETag == "" {
+				n.inStore = false // possibly created and never uploaded
+			}
+		}
+		n.file = of
+		n.fileRecord = fileRecord(nil, id, sf.spillPath, sf.baseETag, sf.dirty, sf.exclusive)
+	}
+	for fh, sh := range saved.handles {
+		n := t.byID[sh.node]
+		if n == nil {
+			continue
+		}
+		h := &handle{id: fh, n: n, write: sh.write}
+		if !sh.dir {
+			if n.file == nil {
+				n.file = &openFile{fs: fs, n: n}
+			}
+			h.of = n.file
+			n.file.refs++
+		}
+		fs.handles[fh] = h
+	}
+	// Files whose last handle was released while their upload was failing
+	// are retried here, as the previous process did.
+	for _, n := range t.byID {
+		if of := n.file; of != nil && of.refs == 0 {
+			if of.dirty() {
+				fs.retryCommitSoon(of)
+			} else {
+				n.file = nil
+				of.close()
+			}
+		}
+	}
+	fs.log.Info("state restored", "nodes", len(t.byID), "handles", len(fs.handles), "open files", len(saved.files))
+	return nil
+}
+
+// retryCommitSoon uploads a restored dirty file with no handle left.
+func (fs *FS) retryCommitSoon(of *openFile) {
+	fs.retryCommitAfter(of, 10*time.Millisecond)
+}
+
+// AdoptInit returns the INIT request of the mount whose state was restored
+// from Options.State, or nil for a fresh region: the caller then adopts the
+// live mount (Adopt) instead of mounting (Mount).
+func (fs *FS) AdoptInit() []byte { return fs.adoptInit }
+
+// SaveInit records the kernel's INIT request in the state region; Mount
+// calls it (through MountOptions.OnInit) before replying to INIT.
+func (fs *FS) SaveInit(init []byte) error {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.nodes.state == nil {
+		return nil
+	}
+	return fs.nodes.state.setInit(init)
+}

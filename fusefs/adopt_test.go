@@ -1,0 +1,354 @@
+package fusefs
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// The test binary doubles as a serving process for the restart tests: with
+// BLOBFS_TEST_SERVE set, it serves the mount whose /dev/fuse descriptor is
+// fd 3, journaling into the state region at fd 4, over a local store.
+func TestMain(m *testing.M) {
+	if os.Getenv("BLOBFS_TEST_LAUNCHER") != "" {
+		if err := launcher(); err != nil {
+			fmt.Fprintln(os.Stderr, "launcher:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	if os.Getenv("BLOBFS_TEST_SERVE") != "" {
+		if err := serveChild(); err != nil {
+			fmt.Fprintln(os.Stderr, "serve child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func serveChild() error {
+	local, err := blobstore.NewLocal(os.Getenv("BLOBFS_TEST_STORE"))
+	if err != nil {
+		return err
+	}
+	var store blobstore.Store = local
+	if d, err := time.ParseDuration(os.Getenv("BLOBFS_TEST_LATENCY")); err == nil {
+		// Slow reads keep requests in flight when the server is killed.
+		store = blobstore.NewFaulty(local, blobstore.FaultOptions{Latency: d})
+	}
+	fsys, err := New(store, Options{
+		State:    os.NewFile(4, "state"),
+		CacheDir: os.Getenv("BLOBFS_TEST_CACHE"),
+		Logger:   childLogger(),
+	})
+	if err != nil {
+		return err
+	}
+	sess, err := Serve(os.Getenv("BLOBFS_TEST_MOUNT"), 3, fsys, MountOptions{Logger: childLogger()})
+	if err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	return sess.Wait()
+}
+
+// childLogger logs to stderr when BLOBFS_TEST_SERVE_LOG is set.
+func childLogger() *slog.Logger {
+	if os.Getenv("BLOBFS_TEST_SERVE_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// launcher holds the mount's descriptor and state region (fds 3 and 4) and
+// starts and kills serving processes on command ("start", "kill" on stdin;
+// it answers "ok" or an error line). It is what a keeper does, minus the
+// socket. It must be a process of its own that never opens a file on the
+// mount: fork+exec closes the parent's descriptors in the child, and closing
+// a FUSE file sends FLUSH, which waits for a server, so a client process
+// cannot start the server its own open files wait for.
+func launcher() error {
+	var server *exec.Cmd
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		switch in.Text() {
+		case "start":
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), "BLOBFS_TEST_LAUNCHER=", "BLOBFS_TEST_SERVE=1")
+			cmd.ExtraFiles = []*os.File{os.NewFile(3, "fuse"), os.NewFile(4, "state")}
+			cmd.Stderr = os.Stderr
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				return err
+			}
+			if err := cmd.Start(); err != nil {
+				fmt.Println("error", err)
+				continue
+			}
+			line, _ := bufio.NewReader(out).ReadString('\n')
+			if strings.TrimSpace(line) != "ready" {
+				cmd.Process.Kill()
+				cmd.Wait()
+				fmt.Printf("error serving process did not start: %q\n", line)
+				continue
+			}
+			server = cmd
+			fmt.Println("ok")
+		case "kill":
+			if server != nil {
+				server.Process.Signal(syscall.SIGKILL)
+				server.Wait()
+				server = nil
+			}
+			fmt.Println("ok")
+		}
+	}
+	if server != nil {
+		server.Process.Kill()
+		server.Wait()
+	}
+	return in.Err()
+}
+
+// restartHarness mounts with MountFD and gives the descriptor and the state
+// region to a launcher process, while serving processes come and go.
+type restartHarness struct {
+	t                 *testing.T
+	mnt, store, cache string
+	launcher          *exec.Cmd
+	cmds              io.WriteCloser
+	answers           *bufio.Reader
+}
+
+func newRestartHarness(t *testing.T, env ...string) *restartHarness {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	h := &restartHarness{t: t, store: t.TempDir(), cache: t.TempDir()}
+	state, err := NewState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer state.Close()
+	mp, fd, err := MountFD(t.TempDir(), MountOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fuse := os.NewFile(uintptr(fd), "fuse")
+	defer fuse.Close()
+	h.mnt = mp
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "BLOBFS_TEST_LAUNCHER=1", "BLOBFS_TEST_STORE="+h.store,
+		"BLOBFS_TEST_CACHE="+h.cache, "BLOBFS_TEST_MOUNT="+h.mnt)
+	cmd.Env = append(cmd.Env, env...)
+	cmd.ExtraFiles = []*os.File{fuse, state}
+	cmd.Stderr = os.Stderr
+	if h.cmds, err = cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.answers = bufio.NewReader(out)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h.launcher = cmd
+	t.Cleanup(func() {
+		h.cmds.Close()
+		h.launcher.Wait()
+		Unmount(h.mnt, true)
+	})
+	return h
+}
+
+func (h *restartHarness) command(c string) {
+	h.t.Helper()
+	fmt.Fprintln(h.cmds, c)
+	line, err := h.answers.ReadString('\n')
+	if strings.TrimSpace(line) != "ok" {
+		h.t.Fatalf("launcher %s: %q %v", c, line, err)
+	}
+}
+
+// start runs a serving process and waits until it serves.
+func (h *restartHarness) start() { h.command("start") }
+
+// kill SIGKILLs the serving process.
+func (h *restartHarness) kill() { h.command("kill") }
+
+// TestServerKilledMountSurvives: the serving process is killed again and
+// again while an application reads a file and writes another through open
+// descriptors; every operation succeeds (it waits while no one serves) and
+// every acknowledged byte reaches the store.
+func TestServerKilledMountSurvives(t *testing.T) {
+	h := newRestartHarness(t)
+	h.start()
+
+	data := pattern(6<<20, 11)
+	if err := os.WriteFile(join(h.mnt, "data"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(join(h.mnt, "dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	// A reader holding one descriptor open, rereading the file.
+	var readErrs atomic.Int64
+	var reads atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		f, err := os.Open(join(h.mnt, "data"))
+		if err != nil {
+			readErrs.Add(1)
+			t.Errorf("open: %v", err)
+			return
+		}
+		defer f.Close()
+		buf := make([]byte, len(data))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// Past the kernel's page cache: O_DIRECT is not available,
+			// so drop the cache for this file between passes.
+			n, err := f.ReadAt(buf, 0)
+			if (err != nil && !errors.Is(err, io.EOF)) || !bytes.Equal(buf[:n], data) {
+				readErrs.Add(1)
+				t.Errorf("read: %d bytes, %v", n, err)
+				return
+			}
+			reads.Add(1)
+			unix_fadviseDontNeed(f)
+		}
+	}()
+
+	// A writer holding one descriptor open across all the restarts.
+	w, err := os.Create(join(h.mnt, "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want bytes.Buffer
+	pauses := []time.Duration{}
+	for i := range 6 {
+		line := []byte(fmt.Sprintf("line %d before kill\n", i))
+		if _, err := w.Write(line); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+		want.Write(line)
+		h.kill()
+		// Operations issued while nobody serves wait, then succeed.
+		done := make(chan error, 1)
+		began := time.Now()
+		go func() {
+			line := []byte(fmt.Sprintf("line %d while dead\n", i))
+			_, err := w.Write(line)
+			if err == nil {
+				_, err = os.Stat(join(h.mnt, "dir"))
+			}
+			if err == nil {
+				err = os.WriteFile(join(h.mnt, "dir", fmt.Sprintf("f%d", i)), []byte{byte(i)}, 0o644)
+			}
+			done <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		h.start()
+		if err := <-done; err != nil {
+			t.Fatalf("operation across restart %d: %v", i, err)
+		}
+		pauses = append(pauses, time.Since(began))
+		want.WriteString(fmt.Sprintf("line %d while dead\n", i))
+	}
+	if err := w.Close(); err != nil {
+		t.Fatalf("close after restarts: %v", err)
+	}
+	close(stop)
+	wg.Wait()
+	if readErrs.Load() != 0 || reads.Load() == 0 {
+		t.Fatalf("reader: %d errors, %d passes", readErrs.Load(), reads.Load())
+	}
+	t.Logf("reader made %d passes; pauses across restarts: %v", reads.Load(), pauses)
+
+	store, err := blobstore.NewLocal(h.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantBlob(t, store, "log", want.Bytes())
+	for i := range 6 {
+		wantBlob(t, store, fmt.Sprintf("dir/f%d", i), []byte{byte(i)})
+	}
+	// The restored tables still resolve old names and make new ones.
+	if err := os.Rename(join(h.mnt, "dir", "f0"), join(h.mnt, "moved")); err != nil {
+		t.Fatal(err)
+	}
+	wantBlob(t, store, "moved", []byte{0})
+}
+
+// TestServerKilledMidRequest: the server is killed while it holds a READ it
+// has taken from the kernel and not answered (the store answers slowly).
+// The kernel queues the READ again for the next server (FUSE_NOTIFY_RESEND),
+// and the application gets its bytes.
+func TestServerKilledMidRequest(t *testing.T) {
+	h := newRestartHarness(t, "BLOBFS_TEST_LATENCY=400ms")
+	data := pattern(3<<20, 21)
+	local, err := blobstore.NewLocal(h.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putBlob(t, local, "slow", data, nil)
+	h.start()
+	f, err := os.Open(join(h.mnt, "slow"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := make(chan error, 1)
+	buf := make([]byte, len(data))
+	go func() {
+		n, err := f.ReadAt(buf, 0)
+		if err == nil || errors.Is(err, io.EOF) {
+			if !bytes.Equal(buf[:n], data) {
+				err = fmt.Errorf("read %d bytes that differ", n)
+			} else {
+				err = nil
+			}
+		}
+		got <- err
+	}()
+	time.Sleep(150 * time.Millisecond) // the READ is in the server, waiting on the store
+	h.kill()
+	select {
+	case err := <-got:
+		t.Fatalf("read finished while no server ran: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	h.start()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the READ taken by the killed server was never answered")
+	}
+}

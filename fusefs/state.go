@@ -1,0 +1,377 @@
+package fusefs
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// The state region lets a new process take over a live mount: everything the
+// kernel may still refer to after the serving process dies — node ids, file
+// handles, the spill files behind handles, the INIT request — is journaled
+// into it before the reply that hands it to the kernel. The region is a memfd
+// (memory, no disk) that a keeper process holds beside the /dev/fuse fd; the
+// adopting process replays it into fresh tables.
+//
+// Layout: a 4 KiB header, then a log of records from start to end. The
+// header holds the magic, the INIT request, and the log bounds. A record is
+// appended with one pwrite, then the header's end is updated with another;
+// a process killed in between loses only the unacknowledged record (its
+// reply was never sent). When the log has grown well past the live state, a
+// checkpoint appends the whole table as fresh records, moves start to them,
+// and punches the old part out of memory: offsets grow, memory does not.
+//
+// Locking: the region is written under FS.mu (the tables it mirrors are
+// guarded by it too).
+
+const (
+	stateMagic      = "blobfs-state-v1\x00"
+	stateHeaderSize = 4096
+	// header fields
+	offStart   = 16
+	offEnd     = 24
+	offInitLen = 32
+	offInit    = 40
+	maxInitLen = stateHeaderSize - offInit
+)
+
+// Record types.
+const (
+	recNode       byte = 1 // a node's binding and lookup count
+	recNodeDrop   byte = 2 // a node the kernel forgot
+	recHandle     byte = 3 // an open handle
+	recHandleDrop byte = 4 // a released handle
+	recFile       byte = 5 // a node's spill file and upload state
+	recIDs        byte = 6 // ids reserved: never hand out ids below these again
+	recCheckpoint byte = 7 // the records after it are a whole table
+)
+
+type stateRegion struct {
+	f          *os.File
+	start, end int64
+	liveBytes  int64 // bytes of the last checkpoint, to decide the next
+	buf        []byte
+	err        error // first write error: the region is no longer trusted
+}
+
+// newStateRegion creates an empty region in a new memfd.
+func newStateRegion() (*stateRegion, error) {
+	fd, err := unix.MemfdCreate("blobfs-state", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "blobfs-state")
+	r := &stateRegion{f: f, start: stateHeaderSize, end: stateHeaderSize}
+	hdr := make([]byte, stateHeaderSize)
+	copy(hdr, stateMagic)
+	binary.LittleEndian.PutUint64(hdr[offStart:], uint64(r.start))
+	binary.LittleEndian.PutUint64(hdr[offEnd:], uint64(r.end))
+	if _, err := f.WriteAt(hdr, 0); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// File returns the region's file, to hand to a keeper.
+func (r *stateRegion) File() *os.File { return r.f }
+
+func (r *stateRegion) setInit(init []byte) error {
+	if len(init) > maxInitLen {
+		return fmt.Errorf("INIT request of %d bytes does not fit the state header", len(init))
+	}
+	b := make([]byte, 8+len(init))
+	binary.LittleEndian.PutUint64(b, uint64(len(init)))
+	copy(b[8:], init)
+	_, err := r.f.WriteAt(b, offInitLen)
+	return err
+}
+
+// recordWriter builds one record.
+type recordWriter struct{ b []byte }
+
+func (w *recordWriter) u8(v byte)    { w.b = append(w.b, v) }
+func (w *recordWriter) u32(v uint32) { w.b = binary.LittleEndian.AppendUint32(w.b, v) }
+func (w *recordWriter) u64(v uint64) { w.b = binary.LittleEndian.AppendUint64(w.b, v) }
+func (w *recordWriter) str(s string) { w.u32(uint32(len(s))); w.b = append(w.b, s...) }
+
+// append writes records (each already framed) and then moves the end.
+func (r *stateRegion) append(records []byte) {
+	if r.err != nil || len(records) == 0 {
+		return
+	}
+	if _, err := r.f.WriteAt(records, r.end); err != nil {
+		r.err = err
+		return
+	}
+	r.end += int64(len(records))
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(r.end))
+	if _, err := r.f.WriteAt(b[:], offEnd); err != nil {
+		r.err = err
+	}
+}
+
+// frame prefixes a record body with its length and type.
+func frame(dst []byte, typ byte, body []byte) []byte {
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(body)+1))
+	dst = append(dst, typ)
+	return append(dst, body...)
+}
+
+// checkpoint replaces the log by the records in snapshot: they are appended,
+// start moves to them, and the memory of what came before is released.
+func (r *stateRegion) checkpoint(snapshot []byte) {
+	if r.err != nil {
+		return
+	}
+	at := r.end
+	r.append(frame(nil, recCheckpoint, nil))
+	r.append(snapshot)
+	if r.err != nil {
+		return
+	}
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(at))
+	if _, err := r.f.WriteAt(b[:], offStart); err != nil {
+		r.err = err
+		return
+	}
+	old := r.start
+	r.start = at
+	r.liveBytes = r.end - at
+	// Page-align the hole; the rest is reclaimed next time.
+	lo := (old + 4095) &^ 4095
+	hi := at &^ 4095
+	if hi > lo {
+		unix.Fallocate(int(r.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, lo, hi-lo)
+	}
+}
+
+// needsCheckpoint tells when the log has grown past four times the live
+// state (and past 1 MiB, so small mounts do not checkpoint constantly).
+func (r *stateRegion) needsCheckpoint() bool {
+	size := r.end - r.start
+	return size > 1<<20 && size > 4*r.liveBytes
+}
+
+// --- reading -------------------------------------------------------------
+
+// savedNode and savedFile are what a region says about the tables.
+type savedNode struct {
+	id, parent, lookups uint64
+	kind                nodeKind
+	name                string
+}
+
+type savedHandle struct {
+	fh, node uint64
+	write    bool
+	dir      bool
+}
+
+type savedFile struct {
+	node      uint64
+	spillPath string
+	baseETag  string
+	dirty     bool
+	exclusive bool
+}
+
+type savedState struct {
+	init       []byte
+	nodes      map[uint64]savedNode
+	handles    map[uint64]savedHandle
+	files      map[uint64]savedFile
+	nextID     uint64
+	nextHandle uint64
+}
+
+// readStateRegion replays a region left by another process.
+func readStateRegion(f *os.File) (*stateRegion, *savedState, error) {
+	hdr := make([]byte, stateHeaderSize)
+	if _, err := f.ReadAt(hdr, 0); err != nil {
+		return nil, nil, fmt.Errorf("state header: %w", err)
+	}
+	if string(hdr[:len(stateMagic)]) != stateMagic {
+		return nil, nil, errors.New("not a blobfs state region")
+	}
+	start := int64(binary.LittleEndian.Uint64(hdr[offStart:]))
+	end := int64(binary.LittleEndian.Uint64(hdr[offEnd:]))
+	initLen := binary.LittleEndian.Uint64(hdr[offInitLen:])
+	if start < stateHeaderSize || end < start || initLen > maxInitLen {
+		return nil, nil, errors.New("corrupt state header")
+	}
+	st := &savedState{
+		init:    append([]byte(nil), hdr[offInit:offInit+int(initLen)]...),
+		nodes:   map[uint64]savedNode{},
+		handles: map[uint64]savedHandle{},
+		files:   map[uint64]savedFile{},
+	}
+	log := make([]byte, end-start)
+	if _, err := f.ReadAt(log, start); err != nil && !errors.Is(err, io.EOF) {
+		return nil, nil, fmt.Errorf("state log: %w", err)
+	}
+	for len(log) > 0 {
+		if len(log) < 5 {
+			return nil, nil, errors.New("truncated state record")
+		}
+		n := int(binary.LittleEndian.Uint32(log))
+		if n < 1 || 4+n > len(log) {
+			return nil, nil, errors.New("corrupt state record length")
+		}
+		if err := st.apply(log[4], log[5:4+n]); err != nil {
+			return nil, nil, err
+		}
+		log = log[4+n:]
+	}
+	r := &stateRegion{f: f, start: start, end: end, liveBytes: end - start}
+	return r, st, nil
+}
+
+type recordReader struct {
+	b   []byte
+	err error
+}
+
+func (r *recordReader) u8() byte {
+	if len(r.b) < 1 {
+		r.err = io.ErrUnexpectedEOF
+		return 0
+	}
+	v := r.b[0]
+	r.b = r.b[1:]
+	return v
+}
+
+func (r *recordReader) u32() uint32 {
+	if len(r.b) < 4 {
+		r.err = io.ErrUnexpectedEOF
+		return 0
+	}
+	v := binary.LittleEndian.Uint32(r.b)
+	r.b = r.b[4:]
+	return v
+}
+
+func (r *recordReader) u64() uint64 {
+	if len(r.b) < 8 {
+		r.err = io.ErrUnexpectedEOF
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(r.b)
+	r.b = r.b[8:]
+	return v
+}
+
+func (r *recordReader) str() string {
+	n := int(r.u32())
+	if r.err != nil || len(r.b) < n {
+		r.err = io.ErrUnexpectedEOF
+		return ""
+	}
+	s := string(r.b[:n])
+	r.b = r.b[n:]
+	return s
+}
+
+func (st *savedState) apply(typ byte, body []byte) error {
+	r := &recordReader{b: body}
+	switch typ {
+	case recCheckpoint:
+		clear(st.nodes)
+		clear(st.handles)
+		clear(st.files)
+	case recNode:
+		n := savedNode{id: r.u64(), parent: r.u64(), lookups: r.u64(), kind: nodeKind(r.u8()), name: r.str()}
+		st.nodes[n.id] = n
+		st.nextID = max(st.nextID, n.id+1)
+	case recNodeDrop:
+		id := r.u64()
+		delete(st.nodes, id)
+		delete(st.files, id)
+	case recHandle:
+		h := savedHandle{fh: r.u64(), node: r.u64()}
+		flags := r.u8()
+		h.write, h.dir = flags&1 != 0, flags&2 != 0
+		st.handles[h.fh] = h
+		st.nextHandle = max(st.nextHandle, h.fh+1)
+	case recHandleDrop:
+		delete(st.handles, r.u64())
+	case recFile:
+		f := savedFile{node: r.u64(), spillPath: r.str(), baseETag: r.str()}
+		flags := r.u8()
+		f.dirty, f.exclusive = flags&1 != 0, flags&2 != 0
+		if f.spillPath == "" {
+			delete(st.files, f.node)
+		} else {
+			st.files[f.node] = f
+		}
+	case recIDs:
+		st.nextID = max(st.nextID, r.u64())
+		st.nextHandle = max(st.nextHandle, r.u64())
+	default:
+		return fmt.Errorf("unknown state record type %d", typ)
+	}
+	return r.err
+}
+
+// --- writing the tables' changes -----------------------------------------
+
+func nodeRecord(dst []byte, n *node) []byte {
+	w := recordWriter{b: make([]byte, 0, 40+len(n.name))}
+	w.u64(n.id)
+	w.u64(n.parent)
+	w.u64(n.lookups)
+	w.u8(byte(n.kind))
+	w.str(n.name)
+	return frame(dst, recNode, w.b)
+}
+
+func handleRecord(dst []byte, h *handle) []byte {
+	var w recordWriter
+	w.u64(h.id)
+	w.u64(h.n.id)
+	var flags byte
+	if h.write {
+		flags |= 1
+	}
+	if h.of == nil {
+		flags |= 2
+	}
+	w.u8(flags)
+	return frame(dst, recHandle, w.b)
+}
+
+func idRecord(dst []byte, typ byte, id uint64) []byte {
+	var w recordWriter
+	w.u64(id)
+	return frame(dst, typ, w.b)
+}
+
+func fileRecord(dst []byte, nodeID uint64, spillPath, baseETag string, dirty, exclusive bool) []byte {
+	var w recordWriter
+	w.u64(nodeID)
+	w.str(spillPath)
+	w.str(baseETag)
+	var flags byte
+	if dirty {
+		flags |= 1
+	}
+	if exclusive {
+		flags |= 2
+	}
+	w.u8(flags)
+	return frame(dst, recFile, w.b)
+}
+
+func idsRecord(dst []byte, nextID, nextHandle uint64) []byte {
+	var w recordWriter
+	w.u64(nextID)
+	w.u64(nextHandle)
+	return frame(dst, recIDs, w.b)
+}
