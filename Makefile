@@ -4,7 +4,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 BIN     := bin/blobfs
 DEMO_MNT ?= /tmp/blobfs
 
-.PHONY: build demo test test-short bench lint clean
+.PHONY: build demo test test-short test-csi image bench lint clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/blobfs
@@ -20,6 +20,16 @@ demo: build
 # .ci/azurite.sh starts Azurite; scripts/test.sh wraps both.
 test:
 	./.ci/test.sh
+
+# The CSI driver's tests alone (csi-sanity, the kubelet sequence, bad
+# input, manifests), against an Azurite already running.
+test-csi:
+	BLOBFS_TEST_AZURITE=$${BLOBFS_TEST_AZURITE:-http://127.0.0.1:10000/devstoreaccount1} \
+		$(GO) test -race -count=1 ./csi/... ./deploy/... ./cmd/...
+
+# The container image of the CSI driver (controller and node plugin).
+image:
+	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) -t blobfs:$(VERSION) .
 
 test-short:
 	$(GO) test -short ./...

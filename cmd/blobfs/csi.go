@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/blobfs/blobfs/csi"
+)
+
+// csiFlags are the flags of `blobfs csi`; keep README's table in step.
+type csiFlags struct {
+	cfg      csi.Config
+	mode     string
+	logLevel string
+}
+
+func registerCSIFlags(fl *flag.FlagSet, f *csiFlags) {
+	endpoint := os.Getenv("CSI_ENDPOINT")
+	if endpoint == "" {
+		endpoint = "unix:///csi/csi.sock"
+	}
+	nodeID := os.Getenv("KUBE_NODE_NAME")
+	if nodeID == "" {
+		nodeID, _ = os.Hostname()
+	}
+	fl.StringVar(&f.cfg.Endpoint, "endpoint", endpoint, "CSI gRPC endpoint, unix:///path/to/csi.sock (env CSI_ENDPOINT)")
+	fl.StringVar(&f.cfg.DriverName, "driver-name", csi.DefaultDriverName, "CSI driver name (DNS style)")
+	fl.StringVar(&f.mode, "mode", "all", "services to serve: controller, node or all")
+	fl.StringVar(&f.cfg.NodeID, "node-id", nodeID, "this node's name (env KUBE_NODE_NAME, else the host name)")
+	fl.StringVar(&f.cfg.KubeletDir, "kubelet-dir", csi.DefaultKubeletDir, "kubelet's root directory; staging and target paths must be inside it")
+	fl.StringVar(&f.cfg.StateDir, "state-dir", "", "node state directory (default KUBELET_DIR/plugins/DRIVER_NAME/state)")
+	fl.StringVar(&f.cfg.CacheDir, "cache-dir", csi.DefaultCacheDir, "spill files of files being written, one subdirectory per volume; on the node's disk")
+	fl.StringVar(&f.cfg.MetricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, e.g. :9809 (default: off)")
+	fl.DurationVar(&f.cfg.HealthInterval, "health-interval", 30*time.Second, "how often the node checks its mounts and repairs dead ones (0 disables)")
+	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+}
+
+func runCSI(args []string) error {
+	var f csiFlags
+	fl := flag.NewFlagSet("csi", flag.ContinueOnError)
+	fl.Usage = func() {
+		fmt.Fprintln(fl.Output(), "usage: blobfs csi [flags]   (the Kubernetes CSI driver)")
+		fl.PrintDefaults()
+	}
+	registerCSIFlags(fl, &f)
+	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return usageError{err}
+	}
+	if fl.NArg() != 0 {
+		return usageError{fmt.Errorf("csi takes no arguments, got %q", fl.Args())}
+	}
+	switch f.mode {
+	case "all":
+		f.cfg.Controller, f.cfg.Node = true, true
+	case "controller":
+		f.cfg.Controller = true
+	case "node":
+		f.cfg.Node = true
+	default:
+		return usageError{fmt.Errorf("--mode %q: use controller, node or all", f.mode)}
+	}
+	if f.cfg.HealthInterval == 0 {
+		f.cfg.HealthInterval = -1 // the flag's 0 disables; Config's 0 means default
+	}
+	logger, err := newLogger(f.logLevel, "", os.Stderr)
+	if err != nil {
+		return err
+	}
+	f.cfg.Version = version
+	f.cfg.Logger = logger
+	d, err := csi.New(f.cfg)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return d.Run(ctx)
+}

@@ -1,0 +1,250 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Controller service: a volume is a blob container. CreateVolume creates it
+// (or adopts an existing one of the same name), DeleteVolume deletes it
+// unless the StorageClass said retainContainer=true. There is no attach
+// step (CSIDriver attachRequired: false) and no capacity: a container
+// grows as needed, so volumes report capacity 0 ("unknown") and the
+// provisioner records the requested size.
+
+func (d *Driver) ControllerGetCapabilities(ctx context.Context, req *csipb.ControllerGetCapabilitiesRequest) (*csipb.ControllerGetCapabilitiesResponse, error) {
+	return &csipb.ControllerGetCapabilitiesResponse{Capabilities: []*csipb.ControllerServiceCapability{{
+		Type: &csipb.ControllerServiceCapability_Rpc{Rpc: &csipb.ControllerServiceCapability_RPC{
+			Type: csipb.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		}},
+	}}}, nil
+}
+
+func (d *Driver) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRequest) (*csipb.CreateVolumeResponse, error) {
+	if req.GetName() == "" {
+		return nil, invalid("name is missing")
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, invalid("volume_capabilities is missing")
+	}
+	for i, c := range req.GetVolumeCapabilities() {
+		if _, _, err := checkCapability(fmt.Sprintf("volume_capabilities[%d]", i), c); err != nil {
+			return nil, err
+		}
+	}
+	if req.GetVolumeContentSource() != nil {
+		return nil, invalid("volume_content_source: blobfs volumes cannot be created from snapshots or other volumes")
+	}
+	if cr := req.GetCapacityRange(); cr != nil && (cr.GetRequiredBytes() < 0 || cr.GetLimitBytes() < 0) {
+		return nil, status.Error(codes.OutOfRange, "capacity_range: negative size")
+	}
+	p, err := parseParams(req.GetParameters(), "parameters")
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	if _, err := parseMountOptions(p.MountOptions, "parameters[mountOptions]"); err != nil {
+		return nil, invalid("%v", err)
+	}
+	creds, _, err := d.credentialsFor(ctx, req.GetSecrets(), p, "secrets", "")
+	if err != nil {
+		return nil, err
+	}
+	account, endpoint, err := p.target(creds)
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	container, err := containerNameFor(req.GetName(), p)
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	id := volumeID{Account: account, Container: container, Endpoint: endpoint, Retain: p.RetainContainer}
+	if err := id.check(); err != nil {
+		return nil, invalid("%v", err)
+	}
+	cfg, err := azureConfig(id, creds, p)
+	if err != nil {
+		return nil, invalid("credentials: %v", err)
+	}
+
+	if !d.locks.tryLock(req.GetName()) {
+		return nil, busy(req.GetName())
+	}
+	defer d.locks.unlock(req.GetName())
+	// Creating is idempotent: an existing container is success, which is
+	// also how a StorageClass with containerName adopts one.
+	if err := d.containers.Create(ctx, cfg); err != nil {
+		return nil, storeError(fmt.Sprintf("create container %q", container), err)
+	}
+	d.log.Info("volume created", "volume", id.String(), "container", container)
+	return &csipb.CreateVolumeResponse{Volume: &csipb.Volume{
+		VolumeId:      id.String(),
+		CapacityBytes: 0,
+		VolumeContext: p.contextFor(),
+	}}, nil
+}
+
+func (d *Driver) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRequest) (*csipb.DeleteVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is missing")
+	}
+	id, err := parseVolumeID(req.GetVolumeId())
+	if err != nil {
+		// No volume of this driver has this id, so it does not exist:
+		// the CSI spec answers that with success.
+		d.log.Warn("DeleteVolume of an id this driver never made; nothing to delete", "err", err)
+		return &csipb.DeleteVolumeResponse{}, nil
+	}
+	if id.Retain {
+		d.log.Info("volume deleted; its container is kept (retainContainer)", "volume", req.GetVolumeId())
+		return &csipb.DeleteVolumeResponse{}, nil
+	}
+	creds, err := parseSecrets(req.GetSecrets(), "secrets")
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	cfg, err := azureConfig(id, creds, volumeParams{})
+	if err != nil {
+		return nil, invalid("credentials: %v", err)
+	}
+	if !d.locks.tryLock(req.GetVolumeId()) {
+		return nil, busy(req.GetVolumeId())
+	}
+	defer d.locks.unlock(req.GetVolumeId())
+	if err := d.containers.Delete(ctx, cfg); err != nil {
+		return nil, storeError(fmt.Sprintf("delete container %q", id.Container), err)
+	}
+	d.log.Info("volume deleted with its container", "volume", req.GetVolumeId())
+	return &csipb.DeleteVolumeResponse{}, nil
+}
+
+func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csipb.ValidateVolumeCapabilitiesRequest) (*csipb.ValidateVolumeCapabilitiesResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is missing")
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, invalid("volume_capabilities is missing")
+	}
+	id, err := parseVolumeID(req.GetVolumeId())
+	if err != nil {
+		return nil, invalid("volume_id: %v", err)
+	}
+	creds, err := parseSecrets(req.GetSecrets(), "secrets")
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	p, perr := parseParams(req.GetVolumeContext(), "volume_context")
+	cfg, err := azureConfig(id, creds, p)
+	if err != nil {
+		return nil, invalid("credentials: %v", err)
+	}
+	if !d.locks.tryLock(req.GetVolumeId()) {
+		return nil, busy(req.GetVolumeId())
+	}
+	defer d.locks.unlock(req.GetVolumeId())
+	if err := d.containers.Check(ctx, cfg); err != nil {
+		return nil, storeError(fmt.Sprintf("volume %q", req.GetVolumeId()), err)
+	}
+	var problems []string
+	if perr != nil {
+		problems = append(problems, perr.Error())
+	}
+	if _, err := parseParams(req.GetParameters(), "parameters"); err != nil {
+		problems = append(problems, err.Error())
+	}
+	for i, c := range req.GetVolumeCapabilities() {
+		if _, _, err := checkCapability(fmt.Sprintf("volume_capabilities[%d]", i), c); err != nil {
+			problems = append(problems, status.Convert(err).Message())
+		}
+	}
+	if len(problems) > 0 {
+		return &csipb.ValidateVolumeCapabilitiesResponse{Message: strings.Join(problems, "; ")}, nil
+	}
+	return &csipb.ValidateVolumeCapabilitiesResponse{Confirmed: &csipb.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         req.GetParameters(),
+	}}, nil
+}
+
+// checkCapability accepts mount access of any access mode (a container
+// can be shared by any number of readers and writers) with no file system
+// type or blobfs's own. It returns whether the mode is read-only and the
+// mount flags.
+func checkCapability(field string, c *csipb.VolumeCapability) (readOnly bool, flags []string, err error) {
+	if c == nil {
+		return false, nil, invalid("%s is missing", field)
+	}
+	if c.GetBlock() != nil {
+		return false, nil, invalid("%s: block access is not supported; blobfs volumes are filesystems (use access_type mount)", field)
+	}
+	m := c.GetMount()
+	if m == nil {
+		return false, nil, invalid("%s.access_type is missing (use mount)", field)
+	}
+	switch strings.ToLower(m.GetFsType()) {
+	case "", "fuse", "blobfs", "fuse.blobfs":
+	default:
+		return false, nil, invalid("%s.mount.fs_type %q is not supported: leave it empty (or blobfs)", field, clip(m.GetFsType(), 40))
+	}
+	switch mode := c.GetAccessMode().GetMode(); mode {
+	case csipb.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY, csipb.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
+		readOnly = true
+	case csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, csipb.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER,
+		csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER, csipb.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+		csipb.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:
+	default:
+		return false, nil, invalid("%s.access_mode is missing or unknown (%v)", field, mode)
+	}
+	return readOnly, m.GetMountFlags(), nil
+}
+
+// credentialsFor picks a request's credentials: the request's secrets;
+// else the Secret named by secretName/secretNamespace; else none, which
+// means the driver's Azure AD identity (workload or managed identity).
+// Inline volumes (podNamespace set) may only name Secrets in their pod's
+// namespace and never borrow the driver's identity: any pod can declare
+// one. It returns the credentials and where they came from (the node
+// state records that, not the secrets).
+func (d *Driver) credentialsFor(ctx context.Context, secrets map[string]string, p volumeParams, field, podNamespace string) (credentials, string, error) {
+	if len(secrets) > 0 {
+		c, err := parseSecrets(secrets, field)
+		if err != nil {
+			return c, "", invalid("%v", err)
+		}
+		return c, "request", nil
+	}
+	inline := podNamespace != "" || p.Ephemeral
+	if p.SecretName != "" {
+		ns := p.SecretNamespace
+		if inline {
+			if podNamespace == "" {
+				return credentials{}, "", invalid("volume_context: an inline volume with secretName needs the pod's namespace (CSIDriver podInfoOnMount: true)")
+			}
+			if ns != "" && ns != podNamespace {
+				return credentials{}, "", status.Errorf(codes.PermissionDenied, "volume_context[secretNamespace]: an inline volume may only use Secrets of its pod's namespace %q, not %q", podNamespace, ns)
+			}
+			ns = podNamespace
+		}
+		if d.secrets == nil {
+			return credentials{}, "", status.Errorf(codes.FailedPrecondition, "secretName %s/%s: the driver has no access to the Kubernetes API (not running in a pod); pass the secret through the provisioner or node-stage secret instead", ns, p.SecretName)
+		}
+		data, err := d.secrets.GetSecret(ctx, ns, p.SecretName)
+		if err != nil {
+			return credentials{}, "", storeError("read secret", err)
+		}
+		c, err := parseSecrets(data, fmt.Sprintf("secret %s/%s", ns, p.SecretName))
+		if err != nil {
+			return c, "", invalid("%v", err)
+		}
+		return c, "secret:" + ns + "/" + p.SecretName, nil
+	}
+	if inline {
+		return credentials{}, "", invalid("an inline volume needs credentials: a nodePublishSecretRef or volumeAttributes secretName (in the pod's namespace); the driver's own identity is not lent to inline volumes")
+	}
+	return credentials{}, "identity", nil
+}

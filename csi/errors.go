@@ -1,0 +1,47 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// invalid is an InvalidArgument status; messages name the field.
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, format, args...)
+}
+
+// storeError maps a store or mount failure to a gRPC status, once, from
+// blobstore's sentinels. what says what was being done.
+func storeError(what string, err error) error {
+	if _, ok := status.FromError(err); ok && status.Code(err) != codes.Unknown {
+		return err
+	}
+	msg := fmt.Sprintf("%s: %v", what, err)
+	code := codes.Internal
+	switch {
+	case errors.Is(err, blobstore.ErrNotFound):
+		code = codes.NotFound
+	case errors.Is(err, blobstore.ErrUnauthorized):
+		code = codes.PermissionDenied
+	case errors.Is(err, blobstore.ErrThrottled), errors.Is(err, blobstore.ErrTransient):
+		code = codes.Unavailable
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case errors.Is(err, ErrSecretNotFound):
+		code = codes.FailedPrecondition
+	}
+	return status.Error(code, msg)
+}
+
+// busy is the answer when another operation holds the volume.
+func busy(volumeID string) error {
+	return status.Errorf(codes.Aborted, "an operation on volume %q is already in progress", clip(volumeID, 200))
+}

@@ -1,0 +1,404 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/blobstore/storetest"
+)
+
+// testDriver is a driver serving on a unix socket in a temporary kubelet
+// directory, with clients connected to it.
+type testDriver struct {
+	*Driver
+	kubelet  string
+	endpoint string
+	conn     *grpc.ClientConn
+	id       csipb.IdentityClient
+	ctrl     csipb.ControllerClient
+	node     csipb.NodeClient
+}
+
+type driverOptions struct {
+	mounter    Mounter
+	containers Containers
+	secrets    SecretGetter
+	metrics    string // metrics address
+	state      string // state dir; default a temp dir
+}
+
+// testLogger writes the driver's log to the test log under -v only.
+func testLogger(t testing.TB) *slog.Logger {
+	if !testing.Verbose() {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// startDriver runs a driver serving every service until the test ends,
+// then checks that nothing is left mounted under its kubelet directory.
+func startDriver(t testing.TB, o driverOptions) *testDriver {
+	t.Helper()
+	dir := t.TempDir()
+	kubelet := filepath.Join(dir, "kubelet")
+	if err := os.MkdirAll(kubelet, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if o.state == "" {
+		o.state = filepath.Join(dir, "state")
+	}
+	cfg := Config{
+		DriverName:     "blob.csi.blobfs.io",
+		Version:        "test",
+		Endpoint:       "unix://" + filepath.Join(dir, "csi.sock"),
+		Controller:     true,
+		Node:           true,
+		NodeID:         "node-1",
+		KubeletDir:     kubelet,
+		StateDir:       o.state,
+		CacheDir:       filepath.Join(dir, "cache"),
+		MetricsAddress: o.metrics,
+		HealthInterval: -1,
+		Mounter:        o.mounter,
+		Containers:     o.containers,
+		Secrets:        o.secrets,
+		Logger:         testLogger(t),
+	}
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	conn, err := grpc.NewClient(cfg.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	td := &testDriver{Driver: d, kubelet: kubelet, endpoint: cfg.Endpoint, conn: conn,
+		id: csipb.NewIdentityClient(conn), ctrl: csipb.NewControllerClient(conn), node: csipb.NewNodeClient(conn)}
+	t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(time.Minute):
+			t.Errorf("driver did not stop")
+		}
+		if left := mountsUnder(kubelet); len(left) > 0 {
+			t.Errorf("left mounted under the kubelet directory: %v", left)
+			for i := len(left) - 1; i >= 0; i-- {
+				unix.Unmount(left[i], unix.MNT_DETACH)
+			}
+		}
+	})
+	// Wait until it answers and has recovered.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r, err := td.id.Probe(context.Background(), &csipb.ProbeRequest{})
+		if err == nil && r.GetReady().GetValue() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("driver not ready: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return td
+}
+
+// mountsUnder lists the mount points under dir, from the mount table.
+func mountsUnder(dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// needFUSE skips a test that mounts for real when it cannot.
+func needFUSE(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("real mounts need root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+}
+
+// azurite is what the tests need to reach the emulator: the account, the
+// endpoint and secrets with its key. Skips without BLOBFS_TEST_AZURITE.
+type azurite struct {
+	account, endpoint, key string
+}
+
+func azuriteEnv(t testing.TB) azurite {
+	t.Helper()
+	ep := os.Getenv(storetest.EnvAzurite)
+	if ep == "" {
+		t.Skipf("Azurite tests disabled: set %s", storetest.EnvAzurite)
+	}
+	key := os.Getenv(storetest.EnvAzuriteKey)
+	if key == "" {
+		key = blobstore.AzuriteAccountKey
+	}
+	u, err := url.Parse(ep)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", storetest.EnvAzurite, ep, err)
+	}
+	account, _, _ := strings.Cut(strings.Trim(u.Path, "/"), "/")
+	return azurite{account: account, endpoint: ep, key: key}
+}
+
+func (a azurite) secrets() map[string]string {
+	return map[string]string{secretAccountName: a.account, secretAccountKey: a.key}
+}
+
+func (a azurite) params() map[string]string {
+	return map[string]string{"storageAccount": a.account, "server": a.endpoint}
+}
+
+// --- fakes ---------------------------------------------------------------
+
+// fakeMounter keeps mounts in a table instead of the kernel. Paths are
+// real directories, so that the driver's mkdir and remove run for real.
+type fakeMounter struct {
+	mu     sync.Mutex
+	mounts map[string]string // path -> "blobfs:CONTAINER" or "bind:SOURCE"
+	dead   map[string]bool
+	specs  map[string]MountSpec
+	// mountErr, when set, is what MountVolume fails with.
+	mountErr error
+	// containers, when set, is asked whether the container exists and
+	// the credentials are right, as the real mounter asks the store.
+	containers *fakeContainers
+}
+
+func newFakeMounter() *fakeMounter {
+	return &fakeMounter{mounts: map[string]string{}, dead: map[string]bool{}, specs: map[string]MountSpec{}}
+}
+
+func (f *fakeMounter) MountVolume(ctx context.Context, target string, spec MountSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.mountErr != nil {
+		return f.mountErr
+	}
+	if err := spec.Azure.Validate(); err != nil {
+		return err
+	}
+	if f.containers != nil {
+		if err := f.containers.Check(ctx, spec.Azure); err != nil {
+			return err
+		}
+	}
+	if st, err := os.Stat(target); err != nil || !st.IsDir() {
+		return fmt.Errorf("mountpoint %s: not a directory", target)
+	}
+	if _, ok := f.mounts[target]; ok {
+		return fmt.Errorf("%s is already mounted", target)
+	}
+	f.mounts[target] = "blobfs:" + spec.Azure.Container
+	f.specs[target] = spec
+	return nil
+}
+
+func (f *fakeMounter) UnmountVolume(ctx context.Context, target string) error {
+	return f.Unmount(target)
+}
+
+func (f *fakeMounter) BindMount(source, target string, readOnly bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.mounts[source]; !ok {
+		return fmt.Errorf("bind source %s is not mounted", source)
+	}
+	f.mounts[target] = "bind:" + source
+	return nil
+}
+
+func (f *fakeMounter) Unmount(target string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.mounts, target)
+	delete(f.dead, target)
+	delete(f.specs, target)
+	return nil
+}
+
+func (f *fakeMounter) Status(ctx context.Context, path string) PathStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.mounts[path]; ok {
+		if f.dead[path] {
+			return PathStatus{State: PathCorrupted, Err: unix.ENOTCONN}
+		}
+		return PathStatus{State: PathMounted}
+	}
+	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+		return PathStatus{State: PathMissing}
+	}
+	return PathStatus{State: PathNotMounted}
+}
+
+func (f *fakeMounter) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.mounts)
+}
+
+// fakeContainers is an in-memory blob service with one valid key.
+type fakeContainers struct {
+	mu   sync.Mutex
+	key  string
+	have map[string]bool // account/container
+}
+
+func newFakeContainers() *fakeContainers {
+	return &fakeContainers{key: blobstore.AzuriteAccountKey, have: map[string]bool{}}
+}
+
+func (f *fakeContainers) auth(cfg blobstore.AzureConfig) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if cfg.Key != f.key {
+		return fmt.Errorf("fake: %w", blobstore.ErrUnauthorized)
+	}
+	return nil
+}
+
+func (f *fakeContainers) Create(ctx context.Context, cfg blobstore.AzureConfig) error {
+	if err := f.auth(cfg); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.have[cfg.Account+"/"+cfg.Container] = true
+	return nil
+}
+
+func (f *fakeContainers) Delete(ctx context.Context, cfg blobstore.AzureConfig) error {
+	if err := f.auth(cfg); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.have, cfg.Account+"/"+cfg.Container)
+	return nil
+}
+
+func (f *fakeContainers) Check(ctx context.Context, cfg blobstore.AzureConfig) error {
+	if err := f.auth(cfg); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.have[cfg.Account+"/"+cfg.Container] {
+		return fmt.Errorf("fake container %s: %w", cfg.Container, blobstore.ErrNotFound)
+	}
+	return nil
+}
+
+// mountCap is a mount capability with the given access mode.
+func mountCap(mode csipb.VolumeCapability_AccessMode_Mode, flags ...string) *csipb.VolumeCapability {
+	return &csipb.VolumeCapability{
+		AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{MountFlags: flags}},
+		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: mode},
+	}
+}
+
+var rwx = csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
+
+// TestSocketTakeover: a second driver on the same socket path (the new pod
+// of a surge update) takes the name over, and the first one, stopping
+// later, leaves the second one's socket alone.
+func TestSocketTakeover(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "csi.sock")
+	run := func() (context.CancelFunc, chan error) {
+		d, err := New(Config{Endpoint: "unix://" + sock, Controller: true, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		return cancel, done
+	}
+	waitSock := func() os.FileInfo {
+		for range 500 {
+			if fi, err := os.Stat(sock); err == nil {
+				return fi
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Fatal("no socket")
+		return nil
+	}
+	stop1, done1 := run()
+	first := waitSock()
+	stop2, done2 := run()
+	var second os.FileInfo
+	for range 500 {
+		if fi, err := os.Stat(sock); err == nil && !os.SameFile(fi, first) {
+			second = fi
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if second == nil {
+		t.Fatal("second driver did not take the socket over")
+	}
+	stop1()
+	<-done1
+	if fi, err := os.Stat(sock); err != nil || !os.SameFile(fi, second) {
+		t.Fatalf("the old driver removed the new one's socket: %v", err)
+	}
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := csipb.NewIdentityClient(conn).GetPluginInfo(context.Background(), &csipb.GetPluginInfoRequest{}); err != nil {
+		t.Fatalf("new driver does not answer: %v", err)
+	}
+	stop2()
+	<-done2
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket left after the last driver stopped: %v", err)
+	}
+}

@@ -1,0 +1,597 @@
+package csi
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// Node service. A persistent volume is mounted once per node, in this
+// process, at its staging path (NodeStageVolume) and bind-mounted into each
+// pod (NodePublishVolume); an inline ephemeral volume is mounted at its one
+// target at NodePublishVolume. Every RPC runs in one order: validate
+// (InvalidArgument naming the field), lock the volume (Aborted when busy),
+// return early when already done, act, persist the node state.
+//
+// NodeGetVolumeStats and NodeGetInfo take no lock: they only read, and
+// kubelet polls stats while it stages and publishes.
+
+func (d *Driver) NodeGetInfo(ctx context.Context, req *csipb.NodeGetInfoRequest) (*csipb.NodeGetInfoResponse, error) {
+	return &csipb.NodeGetInfoResponse{NodeId: d.cfg.NodeID}, nil
+}
+
+func (d *Driver) NodeGetCapabilities(ctx context.Context, req *csipb.NodeGetCapabilitiesRequest) (*csipb.NodeGetCapabilitiesResponse, error) {
+	var caps []*csipb.NodeServiceCapability
+	for _, t := range []csipb.NodeServiceCapability_RPC_Type{
+		csipb.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
+		csipb.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+		csipb.NodeServiceCapability_RPC_VOLUME_CONDITION,
+	} {
+		caps = append(caps, &csipb.NodeServiceCapability{Type: &csipb.NodeServiceCapability_Rpc{
+			Rpc: &csipb.NodeServiceCapability_RPC{Type: t},
+		}})
+	}
+	return &csipb.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// nodeVolume is a validated request for a mount.
+type nodeVolume struct {
+	volumeID string
+	id       volumeID
+	params   volumeParams
+	creds    credentials
+	source   string // credentials' source, for the node state
+	cfg      blobstore.AzureConfig
+	settings mountSettings
+	readOnly bool
+}
+
+// resolveVolume validates what a stage or an ephemeral publish needs and
+// works out the container and credentials. The volume id names the
+// container; for a static volume whose id is not blobfs's (as the Azure
+// Blob CSI driver allows), and for inline volumes, volume_context does:
+// containerName, storageAccount (or the secret's account), server.
+func (d *Driver) resolveVolume(ctx context.Context, volID string, volCtx, secrets map[string]string, c *csipb.VolumeCapability, readOnly bool) (nodeVolume, error) {
+	v := nodeVolume{volumeID: volID}
+	p, err := parseParams(volCtx, "volume_context")
+	if err != nil {
+		return v, invalid("%v", err)
+	}
+	v.params = p
+	ro, flags, err := checkCapability("volume_capability", c)
+	if err != nil {
+		return v, err
+	}
+	v.settings, err = parseMountOptions(append(append([]string{}, flags...), p.MountOptions...), "volume_capability.mount.mount_flags or volume_context[mountOptions]")
+	if err != nil {
+		return v, invalid("%v", err)
+	}
+	v.readOnly = readOnly || ro || v.settings.FS.ReadOnly
+	podNS := ""
+	if p.Ephemeral {
+		podNS = p.PodNamespace
+	}
+	v.creds, v.source, err = d.credentialsFor(ctx, secrets, p, "secrets", podNS)
+	if err != nil {
+		return v, err
+	}
+	id, idErr := parseVolumeID(volID)
+	switch {
+	case idErr == nil && !p.Ephemeral:
+		if p.ContainerName != "" && p.ContainerName != id.Container || p.StorageAccount != "" && p.StorageAccount != id.Account {
+			return v, invalid("volume_context: containerName/storageAccount %q/%q contradict the volume id's %q/%q", p.ContainerName, p.StorageAccount, id.Container, id.Account)
+		}
+	case p.ContainerName != "":
+		account, endpoint, err := p.target(v.creds)
+		if err != nil {
+			return v, invalid("volume_context: %v", err)
+		}
+		id = volumeID{Account: account, Container: p.ContainerName, Endpoint: endpoint}
+		if err := id.check(); err != nil {
+			return v, invalid("volume_context: %v", err)
+		}
+	case p.Ephemeral:
+		return v, invalid("volume_context: an inline volume needs containerName (and storageAccount or a secret naming the account)")
+	default:
+		return v, invalid("volume_id: %v; or give volume_context containerName for a static volume", idErr)
+	}
+	v.id = id
+	v.cfg, err = azureConfig(id, v.creds, p)
+	if err != nil {
+		return v, invalid("credentials: %v", err)
+	}
+	return v, nil
+}
+
+// cacheDirFor is a volume's spill directory.
+func (d *Driver) cacheDirFor(volumeID string) string {
+	sum := sha256.Sum256([]byte(volumeID))
+	return filepath.Join(d.cfg.CacheDir, hex.EncodeToString(sum[:12]))
+}
+
+func (d *Driver) mountSpec(volumeID string, cfg blobstore.AzureConfig, s mountSettings, readOnly bool) MountSpec {
+	spec := MountSpec{VolumeID: volumeID, Azure: cfg, FS: s.FS, Mount: s.Mount, Retry: s.Retry}
+	spec.FS.CacheDir = d.cacheDirFor(volumeID)
+	spec.FS.ReadOnly = readOnly
+	spec.Mount.ReadOnly = readOnly
+	return spec
+}
+
+func (v nodeVolume) record() VolumeRecord {
+	return VolumeRecord{
+		VolumeID:         v.volumeID,
+		Account:          v.id.Account,
+		Container:        v.id.Container,
+		Endpoint:         v.id.Endpoint,
+		Auth:             v.cfg.Auth,
+		CredentialSource: v.source,
+		IdentityClientID: v.cfg.ClientID,
+		ReadOnly:         v.readOnly,
+		MountOptions:     v.settings.Options,
+	}
+}
+
+func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRequest) (*csipb.NodeStageVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is missing")
+	}
+	staging, err := d.checkPath("staging_target_path", req.GetStagingTargetPath())
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	if req.GetVolumeCapability() == nil {
+		return nil, invalid("volume_capability is missing")
+	}
+	v, err := d.resolveVolume(ctx, req.GetVolumeId(), req.GetVolumeContext(), req.GetSecrets(), req.GetVolumeCapability(), false)
+	if err != nil {
+		return nil, err
+	}
+	if v.params.Ephemeral {
+		return nil, invalid("volume_context: inline ephemeral volumes are not staged")
+	}
+
+	if !d.locks.tryLock(v.volumeID) {
+		return nil, busy(v.volumeID)
+	}
+	defer d.locks.unlock(v.volumeID)
+
+	if rec, ok := d.state.Get(v.volumeID); ok {
+		if rec.Ephemeral {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %q is in use as an inline volume", v.volumeID)
+		}
+		if rec.StagingPath != staging {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %q is already staged at %s", v.volumeID, rec.StagingPath)
+		}
+	}
+	switch st := d.mounter.Status(ctx, staging); st.State {
+	case PathMounted:
+		// Already staged (a retry, or a record lost): the path names the
+		// volume (kubelet puts the hash of the volume id in it).
+		if _, ok := d.state.Get(v.volumeID); ok {
+			d.setCreds(v.volumeID, v.creds)
+			return &csipb.NodeStageVolumeResponse{}, nil
+		}
+	case PathCorrupted:
+		d.log.Warn("staging path holds a dead mount; mounting again", "volume", v.volumeID, "path", staging, "err", st.Err)
+		if err := d.mounter.UnmountVolume(ctx, staging); err != nil {
+			return nil, status.Errorf(codes.Internal, "remove dead mount at %s: %v", staging, err)
+		}
+		fallthrough
+	default:
+		if err := os.MkdirAll(staging, 0o750); err != nil {
+			return nil, status.Errorf(codes.Internal, "create staging_target_path: %v", err)
+		}
+		if err := d.mounter.MountVolume(ctx, staging, d.mountSpec(v.volumeID, v.cfg, v.settings, v.readOnly)); err != nil {
+			return nil, storeError(fmt.Sprintf("mount container %q at %s", v.id.Container, staging), err)
+		}
+	}
+	rec := v.record()
+	rec.StagingPath = staging
+	if old, ok := d.state.Get(v.volumeID); ok {
+		rec.Targets = old.Targets
+	}
+	if err := d.state.Put(rec); err != nil {
+		d.mounter.UnmountVolume(context.WithoutCancel(ctx), staging)
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	d.setCreds(v.volumeID, v.creds)
+	d.markHealthy(v.volumeID)
+	d.log.Info("volume staged", "volume", v.volumeID, "container", v.id.Container, "path", staging, "readOnly", v.readOnly)
+	return &csipb.NodeStageVolumeResponse{}, nil
+}
+
+func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolumeRequest) (*csipb.NodeUnstageVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is missing")
+	}
+	staging, err := d.checkPath("staging_target_path", req.GetStagingTargetPath())
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	id := req.GetVolumeId()
+	if !d.locks.tryLock(id) {
+		return nil, busy(id)
+	}
+	defer d.locks.unlock(id)
+
+	rec, ok := d.state.Get(id)
+	if ok && rec.Ephemeral {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is an inline volume: it is not staged", id)
+	}
+	if ok {
+		for t := range rec.Targets {
+			if st := d.mounter.Status(ctx, t); st.State == PathMounted {
+				return nil, status.Errorf(codes.FailedPrecondition, "volume %q is still published at %s; unpublish it first", id, t)
+			}
+		}
+	}
+	switch st := d.mounter.Status(ctx, staging); st.State {
+	case PathMounted, PathCorrupted:
+		// Uploads dirty data first; a failure leaves the mount for a retry.
+		if err := d.mounter.UnmountVolume(ctx, staging); err != nil {
+			return nil, storeError("unstage "+staging, err)
+		}
+	}
+	if ok && rec.StagingPath == staging {
+		if err := d.state.Delete(id); err != nil {
+			return nil, status.Errorf(codes.Internal, "%v", err)
+		}
+		d.forget(id)
+	}
+	d.log.Info("volume unstaged", "volume", id, "path", staging)
+	return &csipb.NodeUnstageVolumeResponse{}, nil
+}
+
+func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is missing")
+	}
+	target, err := d.checkPath("target_path", req.GetTargetPath())
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	ro, _, err := checkCapability("volume_capability", req.GetVolumeCapability())
+	if err != nil {
+		return nil, err
+	}
+	ro = ro || req.GetReadonly()
+	p, err := parseParams(req.GetVolumeContext(), "volume_context")
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	if p.Ephemeral {
+		return d.publishEphemeral(ctx, req, target)
+	}
+	staging, err := d.checkPath("staging_target_path", req.GetStagingTargetPath())
+	if err != nil {
+		return nil, invalid("%v (this driver stages volumes)", err)
+	}
+	if len(req.GetSecrets()) > 0 {
+		if _, err := parseSecrets(req.GetSecrets(), "secrets"); err != nil {
+			return nil, invalid("%v", err)
+		}
+	}
+	id := req.GetVolumeId()
+	if !d.locks.tryLock(id) {
+		return nil, busy(id)
+	}
+	defer d.locks.unlock(id)
+
+	rec, ok := d.state.Get(id)
+	switch {
+	case ok && rec.Ephemeral:
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is in use as an inline volume", id)
+	case ok && rec.StagingPath != staging:
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is staged at %s, not at %s", id, rec.StagingPath, staging)
+	}
+	switch st := d.mounter.Status(ctx, staging); {
+	case st.State == PathMounted && !ok:
+		// Staged, but the record was lost: adopt the mount.
+		rec = VolumeRecord{VolumeID: id, StagingPath: staging, CredentialSource: "request"}
+	case st.State == PathMounted:
+	case !ok:
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is not staged at %s: call NodeStageVolume first", id, staging)
+	default:
+		// Staged once, but the mount is gone (the process that served it
+		// died): mount it again if its credentials can be had.
+		if err := d.remount(ctx, rec, staging, st); err != nil {
+			return nil, err
+		}
+	}
+	switch st := d.mounter.Status(ctx, target); st.State {
+	case PathMounted:
+		if t, found := rec.Targets[target]; found {
+			if t.ReadOnly != ro {
+				return nil, status.Errorf(codes.AlreadyExists, "volume %q is already published at %s with read-only=%v", id, target, t.ReadOnly)
+			}
+			return &csipb.NodePublishVolumeResponse{}, nil
+		}
+		// Something else is mounted there: replace it.
+		if err := d.mounter.Unmount(target); err != nil {
+			return nil, status.Errorf(codes.Internal, "%v", err)
+		}
+	case PathCorrupted:
+		if err := d.mounter.Unmount(target); err != nil {
+			return nil, status.Errorf(codes.Internal, "remove dead mount at %s: %v", target, err)
+		}
+	}
+	if err := os.MkdirAll(target, 0o750); err != nil {
+		return nil, status.Errorf(codes.Internal, "create target_path: %v", err)
+	}
+	if err := d.mounter.BindMount(staging, target, ro); err != nil {
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	if rec.Targets == nil {
+		rec.Targets = map[string]TargetRecord{}
+	}
+	rec.Targets[target] = TargetRecord{ReadOnly: ro}
+	if err := d.state.Put(rec); err != nil {
+		d.mounter.Unmount(target)
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	d.log.Info("volume published", "volume", id, "target", target, "readOnly", ro)
+	return &csipb.NodePublishVolumeResponse{}, nil
+}
+
+// publishEphemeral mounts an inline volume at its target.
+func (d *Driver) publishEphemeral(ctx context.Context, req *csipb.NodePublishVolumeRequest, target string) (*csipb.NodePublishVolumeResponse, error) {
+	v, err := d.resolveVolume(ctx, req.GetVolumeId(), req.GetVolumeContext(), req.GetSecrets(), req.GetVolumeCapability(), req.GetReadonly())
+	if err != nil {
+		return nil, err
+	}
+	if !d.locks.tryLock(v.volumeID) {
+		return nil, busy(v.volumeID)
+	}
+	defer d.locks.unlock(v.volumeID)
+
+	rec, ok := d.state.Get(v.volumeID)
+	if ok && !rec.Ephemeral {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is staged as a persistent volume, not an inline one", v.volumeID)
+	}
+	if ok {
+		if _, found := rec.Targets[target]; !found {
+			return nil, status.Errorf(codes.FailedPrecondition, "inline volume %q is already published at another target", v.volumeID)
+		}
+	}
+	switch st := d.mounter.Status(ctx, target); st.State {
+	case PathMounted:
+		if ok {
+			if rec.ReadOnly != v.readOnly {
+				return nil, status.Errorf(codes.AlreadyExists, "volume %q is already published at %s with read-only=%v", v.volumeID, target, rec.ReadOnly)
+			}
+			d.setCreds(v.volumeID, v.creds)
+			return &csipb.NodePublishVolumeResponse{}, nil
+		}
+		fallthrough
+	case PathCorrupted:
+		if err := d.mounter.UnmountVolume(ctx, target); err != nil {
+			return nil, status.Errorf(codes.Internal, "remove old mount at %s: %v", target, err)
+		}
+	}
+	if err := os.MkdirAll(target, 0o750); err != nil {
+		return nil, status.Errorf(codes.Internal, "create target_path: %v", err)
+	}
+	if err := d.mounter.MountVolume(ctx, target, d.mountSpec(v.volumeID, v.cfg, v.settings, v.readOnly)); err != nil {
+		os.Remove(target)
+		return nil, storeError(fmt.Sprintf("mount container %q at %s", v.id.Container, target), err)
+	}
+	rec = v.record()
+	rec.Ephemeral = true
+	rec.Targets = map[string]TargetRecord{target: {ReadOnly: v.readOnly}}
+	if err := d.state.Put(rec); err != nil {
+		d.mounter.UnmountVolume(context.WithoutCancel(ctx), target)
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	d.setCreds(v.volumeID, v.creds)
+	d.markHealthy(v.volumeID)
+	d.log.Info("inline volume published", "volume", v.volumeID, "container", v.id.Container, "target", target, "readOnly", v.readOnly)
+	return &csipb.NodePublishVolumeResponse{}, nil
+}
+
+func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublishVolumeRequest) (*csipb.NodeUnpublishVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is missing")
+	}
+	target, err := d.checkPath("target_path", req.GetTargetPath())
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	id := req.GetVolumeId()
+	if !d.locks.tryLock(id) {
+		return nil, busy(id)
+	}
+	defer d.locks.unlock(id)
+
+	rec, ok := d.state.Get(id)
+	switch st := d.mounter.Status(ctx, target); st.State {
+	case PathMounted, PathCorrupted:
+		// For an inline volume this uploads its dirty data first; for a
+		// bind mount it just unmounts.
+		if err := d.mounter.UnmountVolume(ctx, target); err != nil {
+			return nil, storeError("unpublish "+target, err)
+		}
+	}
+	// The CO created the parent; the target is ours to remove.
+	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, status.Errorf(codes.Internal, "remove target_path: %v", err)
+	}
+	if ok {
+		if _, found := rec.Targets[target]; found {
+			delete(rec.Targets, target)
+			var err error
+			if rec.Ephemeral {
+				err = d.state.Delete(id)
+				d.forget(id)
+			} else {
+				err = d.state.Put(rec)
+			}
+			if err != nil {
+				return nil, status.Errorf(codes.Internal, "%v", err)
+			}
+		}
+	}
+	d.log.Info("volume unpublished", "volume", id, "target", target)
+	return &csipb.NodeUnpublishVolumeResponse{}, nil
+}
+
+func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGetVolumeStatsRequest) (*csipb.NodeGetVolumeStatsResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is missing")
+	}
+	if req.GetVolumePath() == "" {
+		return nil, invalid("volume_path is missing")
+	}
+	rec, ok := d.state.Get(req.GetVolumeId())
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "volume %q is not staged or published on this node", req.GetVolumeId())
+	}
+	path := filepath.Clean(req.GetVolumePath())
+	if _, isTarget := rec.Targets[path]; !isTarget && (path != rec.StagingPath || rec.StagingPath == "") {
+		return nil, status.Errorf(codes.NotFound, "volume %q is not mounted at %q", req.GetVolumeId(), clip(req.GetVolumePath(), 200))
+	}
+	abnormal := func(msg string) *csipb.NodeGetVolumeStatsResponse {
+		return &csipb.NodeGetVolumeStatsResponse{VolumeCondition: &csipb.VolumeCondition{Abnormal: true, Message: msg}}
+	}
+	st := d.mounter.Status(ctx, path)
+	switch st.State {
+	case PathMissing, PathNotMounted:
+		return abnormal(fmt.Sprintf("%s is not mounted", path)), nil
+	case PathCorrupted:
+		return abnormal(fmt.Sprintf("the mount at %s is dead: %v", path, st.Err)), nil
+	}
+	var fs unix.Statfs_t
+	if err := statfsTimeout(ctx, path, &fs); err != nil {
+		return abnormal(fmt.Sprintf("statfs %s: %v", path, err)), nil
+	}
+	bs := int64(fs.Bsize)
+	return &csipb.NodeGetVolumeStatsResponse{
+		Usage: []*csipb.VolumeUsage{
+			{Unit: csipb.VolumeUsage_BYTES, Total: int64(fs.Blocks) * bs, Available: int64(fs.Bavail) * bs, Used: int64(fs.Blocks-fs.Bfree) * bs},
+			{Unit: csipb.VolumeUsage_INODES, Total: int64(fs.Files), Available: int64(fs.Ffree), Used: int64(fs.Files - fs.Ffree)},
+		},
+		VolumeCondition: &csipb.VolumeCondition{Abnormal: false, Message: "mounted and answering"},
+	}, nil
+}
+
+// statfsTimeout is statfs(2) that gives up after statTimeout, so that a
+// hung mount cannot hang the caller (the goroutine stays until it returns).
+func statfsTimeout(ctx context.Context, path string, out *unix.Statfs_t) error {
+	type result struct {
+		st  unix.Statfs_t
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		var r result
+		r.err = unix.Statfs(path, &r.st)
+		ch <- r
+	}()
+	t := time.NewTimer(statTimeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		*out = r.st
+		return r.err
+	case <-t.C:
+		return fmt.Errorf("no answer within %v", statTimeout)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// --- credentials kept in memory ----------------------------------------
+
+func (d *Driver) setCreds(volumeID string, c credentials) {
+	d.credsMu.Lock()
+	defer d.credsMu.Unlock()
+	d.creds[volumeID] = c
+}
+
+func (d *Driver) forget(volumeID string) {
+	d.credsMu.Lock()
+	delete(d.creds, volumeID)
+	d.credsMu.Unlock()
+	d.markHealthy(volumeID)
+}
+
+// credsFor returns the credentials to mount a recorded volume again.
+func (d *Driver) credsFor(ctx context.Context, rec VolumeRecord) (credentials, error) {
+	d.credsMu.Lock()
+	c, ok := d.creds[rec.VolumeID]
+	d.credsMu.Unlock()
+	if ok {
+		return c, nil
+	}
+	switch src := rec.CredentialSource; {
+	case src == "identity":
+		return credentials{}, nil
+	case strings.HasPrefix(src, "secret:"):
+		ns, name, _ := strings.Cut(strings.TrimPrefix(src, "secret:"), "/")
+		if d.secrets == nil {
+			return c, status.Errorf(codes.FailedPrecondition, "secret %s/%s: no access to the Kubernetes API", ns, name)
+		}
+		data, err := d.secrets.GetSecret(ctx, ns, name)
+		if err != nil {
+			return c, storeError("read secret", err)
+		}
+		c, err := parseSecrets(data, "secret "+ns+"/"+name)
+		if err != nil {
+			return c, invalid("%v", err)
+		}
+		return c, nil
+	}
+	return c, status.Errorf(codes.Unavailable,
+		"volume %q lost its mount when the driver restarted, and its credentials came with NodeStageVolume and are not stored: restart the pod (or use secretName/identity credentials, which the driver can fetch again)", rec.VolumeID)
+}
+
+// remount mounts a recorded volume again at path (its staging path, or an
+// inline volume's target) after its mount was lost.
+func (d *Driver) remount(ctx context.Context, rec VolumeRecord, path string, st PathStatus) error {
+	creds, err := d.credsFor(ctx, rec)
+	if err != nil {
+		d.markUnhealthy(rec.VolumeID, status.Convert(err).Message())
+		return err
+	}
+	id := volumeID{Account: rec.Account, Container: rec.Container, Endpoint: rec.Endpoint}
+	p := volumeParams{IdentityClientID: rec.IdentityClientID}
+	if rec.Auth != "anonymous" {
+		p.AuthType = rec.Auth
+	}
+	cfg, err := azureConfig(id, creds, p)
+	if err != nil {
+		return status.Errorf(codes.Internal, "volume %q: recorded configuration: %v", rec.VolumeID, err)
+	}
+	settings, err := parseMountOptions(rec.MountOptions, "recorded mount options")
+	if err != nil {
+		return status.Errorf(codes.Internal, "volume %q: %v", rec.VolumeID, err)
+	}
+	if st.State == PathCorrupted {
+		if err := d.mounter.UnmountVolume(ctx, path); err != nil {
+			return status.Errorf(codes.Internal, "remove dead mount at %s: %v", path, err)
+		}
+	}
+	if err := os.MkdirAll(path, 0o750); err != nil {
+		return status.Errorf(codes.Internal, "%v", err)
+	}
+	if err := d.mounter.MountVolume(ctx, path, d.mountSpec(rec.VolumeID, cfg, settings, rec.ReadOnly)); err != nil {
+		err = storeError(fmt.Sprintf("mount container %q again at %s", rec.Container, path), err)
+		d.markUnhealthy(rec.VolumeID, status.Convert(err).Message())
+		return err
+	}
+	d.markHealthy(rec.VolumeID)
+	d.log.Info("volume mounted again after its mount was lost", "volume", rec.VolumeID, "path", path)
+	return nil
+}

@@ -1,0 +1,593 @@
+package csi
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs"
+)
+
+// Volume parameters (StorageClass parameters, PV volumeAttributes, inline
+// volumeAttributes). The names are the Azure Blob CSI driver's where the
+// meaning is the same, so that StorageClasses and PVs move over; like that
+// driver, keys are matched without regard to case.
+const (
+	paramStorageAccount      = "storageaccount"
+	paramContainerName       = "containername"
+	paramContainerNamePrefix = "containernameprefix"
+	paramServer              = "server"
+	paramProtocol            = "protocol"
+	paramSecretName          = "secretname"
+	paramSecretNamespace     = "secretnamespace"
+	paramMountOptions        = "mountoptions"
+	paramAuthType            = "azurestorageauthtype"
+	paramIdentityClientID    = "azurestorageidentityclientid"
+	// paramRetainContainer is blobfs's own: "true" keeps the container
+	// (and its data) when the volume is deleted.
+	paramRetainContainer = "retaincontainer"
+
+	// Keys that the external-provisioner (--extra-create-metadata) and
+	// kubelet add. Every key with this prefix is accepted.
+	sidecarPrefix     = "csi.storage.k8s.io/"
+	keyPVCName        = "csi.storage.k8s.io/pvc/name"
+	keyPVCNamespace   = "csi.storage.k8s.io/pvc/namespace"
+	keyPVName         = "csi.storage.k8s.io/pv/name"
+	keyEphemeral      = "csi.storage.k8s.io/ephemeral"
+	keyPodNamespace   = "csi.storage.k8s.io/pod.namespace"
+	keyServiceAccount = "csi.storage.k8s.io/serviceAccount.name"
+)
+
+// knownParams are the accepted parameter names, as users write them (for
+// error messages); matching is on the lower-case form.
+var knownParams = []string{
+	"storageAccount", "containerName", "containerNamePrefix", "server",
+	"protocol", "secretName", "secretNamespace", "mountOptions",
+	"retainContainer", "AzureStorageAuthType", "AzureStorageIdentityClientID",
+}
+
+// Secret keys, as in the Azure Blob CSI driver, plus a connection string.
+const (
+	secretAccountName = "azurestorageaccountname"
+	secretAccountKey  = "azurestorageaccountkey"
+	secretSASToken    = "azurestorageaccountsastoken"
+	secretConnString  = "azurestorageconnectionstring"
+)
+
+var knownSecrets = []string{secretAccountName, secretAccountKey, secretSASToken, secretConnString}
+
+// volumeParams is a parsed parameter map.
+type volumeParams struct {
+	StorageAccount      string
+	ContainerName       string
+	ContainerNamePrefix string
+	Server              string // endpoint: a URL or a host name
+	SecretName          string
+	SecretNamespace     string
+	MountOptions        []string
+	RetainContainer     bool
+	AuthType            string
+	IdentityClientID    string
+
+	PVCName, PVCNamespace, PVName string
+	Ephemeral                     bool
+	PodNamespace                  string
+}
+
+// parseParams checks a parameter map. field names the request field for
+// error messages ("parameters", "volume_context"). Unknown keys are an
+// error that names the key, except the keys the sidecars and kubelet add.
+func parseParams(m map[string]string, field string) (volumeParams, error) {
+	var p volumeParams
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // report the same key first every time
+	for _, k := range keys {
+		v := strings.TrimSpace(m[k])
+		lk := strings.ToLower(k)
+		if strings.HasPrefix(lk, sidecarPrefix) {
+			switch lk {
+			case keyPVCName:
+				p.PVCName = v
+			case keyPVCNamespace:
+				p.PVCNamespace = v
+			case keyPVName:
+				p.PVName = v
+			case keyEphemeral:
+				b, err := strconv.ParseBool(v)
+				if err != nil {
+					return p, fmt.Errorf("%s[%q]: %q is not true or false", field, k, clip(v, 40))
+				}
+				p.Ephemeral = b
+			case strings.ToLower(keyPodNamespace):
+				p.PodNamespace = v
+			}
+			continue
+		}
+		switch lk {
+		case paramStorageAccount:
+			if v != "" && !validAccount(v) {
+				return p, fmt.Errorf("%s[%q]: %q is not a storage account name (3 to 24 lowercase letters and digits)", field, k, clip(v, 40))
+			}
+			p.StorageAccount = v
+		case paramContainerName:
+			p.ContainerName = v
+		case paramContainerNamePrefix:
+			p.ContainerNamePrefix = v
+		case paramServer:
+			p.Server = v
+		case paramProtocol:
+			if v != "" && !strings.EqualFold(v, "fuse") {
+				return p, fmt.Errorf("%s[%q]: protocol %q is not supported: blobfs serves only \"fuse\"", field, k, clip(v, 40))
+			}
+		case paramSecretName:
+			p.SecretName = v
+		case paramSecretNamespace:
+			p.SecretNamespace = v
+		case paramMountOptions:
+			for _, o := range strings.Split(v, ",") {
+				if o = strings.TrimSpace(o); o != "" {
+					p.MountOptions = append(p.MountOptions, o)
+				}
+			}
+		case paramRetainContainer:
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return p, fmt.Errorf("%s[%q]: %q is not true or false", field, k, clip(v, 40))
+			}
+			p.RetainContainer = b
+		case paramAuthType:
+			switch strings.ToLower(v) {
+			case "", "key", "sas", "connstr", "azuread", "msi", "workloadidentity", "spn":
+				p.AuthType = strings.ToLower(v)
+			default:
+				return p, fmt.Errorf("%s[%q]: auth type %q is not one of key, sas, connstr, azuread (msi, workloadidentity)", field, k, clip(v, 40))
+			}
+		case paramIdentityClientID:
+			p.IdentityClientID = v
+		default:
+			return p, fmt.Errorf("%s: unknown parameter %q (known: %s, and csi.storage.k8s.io/*)", field, clip(k, 80), strings.Join(knownParams, ", "))
+		}
+	}
+	if (p.SecretName == "") != (p.SecretNamespace == "") && !p.Ephemeral {
+		return p, fmt.Errorf("%s: secretName and secretNamespace go together", field)
+	}
+	return p, nil
+}
+
+// contextFor returns the volume context that CreateVolume hands to the
+// node: what NodeStageVolume needs beyond the volume id. No secrets.
+func (p volumeParams) contextFor() map[string]string {
+	ctx := map[string]string{}
+	set := func(k, v string) {
+		if v != "" {
+			ctx[k] = v
+		}
+	}
+	set("secretName", p.SecretName)
+	set("secretNamespace", p.SecretNamespace)
+	set("mountOptions", strings.Join(p.MountOptions, ","))
+	set("AzureStorageAuthType", p.AuthType)
+	set("AzureStorageIdentityClientID", p.IdentityClientID)
+	return ctx
+}
+
+// endpoint turns the server parameter into a blob endpoint URL: a URL is
+// kept, a bare host name (as the Azure Blob CSI driver takes it, e.g.
+// acct.privatelink.blob.core.windows.net) gets https://.
+func (p volumeParams) endpoint() string {
+	s := p.Server
+	if s == "" || strings.Contains(s, "://") {
+		return s
+	}
+	return "https://" + s + "/"
+}
+
+// credentials are what a request's secrets (or a referenced Secret) hold.
+// Never logged, never persisted.
+type credentials struct {
+	Account    string
+	Key        string
+	SASToken   string
+	ConnString string
+}
+
+func (c credentials) empty() bool {
+	return c.Key == "" && c.SASToken == "" && c.ConnString == ""
+}
+
+// parseSecrets reads the secret keys. An unknown key is an error that
+// names the key (never a value).
+func parseSecrets(m map[string]string, field string) (credentials, error) {
+	var c credentials
+	for k, v := range m {
+		v = strings.TrimSpace(v)
+		switch strings.ToLower(k) {
+		case secretAccountName:
+			c.Account = v
+		case secretAccountKey:
+			c.Key = v
+		case secretSASToken:
+			c.SASToken = v
+		case secretConnString:
+			c.ConnString = v
+		default:
+			return c, fmt.Errorf("%s: unknown key %q (known: %s)", field, clip(k, 80), strings.Join(knownSecrets, ", "))
+		}
+	}
+	n := 0
+	for _, s := range []string{c.Key, c.SASToken, c.ConnString} {
+		if s != "" {
+			n++
+		}
+	}
+	if n > 1 {
+		return c, fmt.Errorf("%s: give one of %s, %s or %s, not several", field, secretAccountKey, secretSASToken, secretConnString)
+	}
+	if c.Account != "" && !validAccount(c.Account) {
+		return c, fmt.Errorf("%s[%s]: not a storage account name (3 to 24 lowercase letters and digits)", field, secretAccountName)
+	}
+	return c, nil
+}
+
+// azureConfig combines where the container is and how to authenticate. With
+// no credentials it uses Azure AD (workload or managed identity).
+func azureConfig(id volumeID, creds credentials, p volumeParams) (blobstore.AzureConfig, error) {
+	if creds.Account != "" && creds.Account != id.Account {
+		return blobstore.AzureConfig{}, fmt.Errorf("secret %s %q does not match the volume's storage account %q", secretAccountName, creds.Account, id.Account)
+	}
+	cfg := blobstore.AzureConfig{
+		Account:          id.Account,
+		Container:        id.Container,
+		Endpoint:         id.Endpoint,
+		Key:              creds.Key,
+		SASToken:         creds.SASToken,
+		ConnectionString: creds.ConnString,
+		ClientID:         p.IdentityClientID,
+	}
+	switch {
+	case p.AuthType == "msi" || p.AuthType == "workloadidentity" || p.AuthType == "spn":
+		cfg.Auth = blobstore.AzureAuthAzureAD
+	case p.AuthType != "":
+		cfg.Auth = p.AuthType
+	case creds.empty():
+		cfg.Auth = blobstore.AzureAuthAzureAD
+	}
+	if cfg.Auth == blobstore.AzureAuthAzureAD {
+		cfg.Key, cfg.SASToken, cfg.ConnectionString = "", "", ""
+	} else {
+		cfg.ClientID = ""
+	}
+	// A connection string names account and endpoint itself; Validate
+	// reports a conflict with the volume's.
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// target returns where a new container lives: account and endpoint from
+// the parameters, else from the credentials.
+func (p volumeParams) target(creds credentials) (account, endpoint string, err error) {
+	account, endpoint = p.StorageAccount, p.endpoint()
+	if creds.Account != "" {
+		if account != "" && account != creds.Account {
+			return "", "", fmt.Errorf("parameter storageAccount %q does not match secret %s %q", account, secretAccountName, creds.Account)
+		}
+		account = creds.Account
+	}
+	if creds.ConnString != "" && (account == "" || endpoint == "") {
+		// Let blobstore parse the connection string: it knows the format.
+		cfg := blobstore.AzureConfig{Container: "probe", ConnectionString: creds.ConnString, Auth: blobstore.AzureAuthConnString}
+		if err := cfg.Validate(); err != nil {
+			return "", "", fmt.Errorf("secret %s: %v", secretConnString, err)
+		}
+		a, e := connStringTarget(creds.ConnString)
+		if account == "" {
+			account = a
+		}
+		if endpoint == "" && e != defaultEndpoint(account) {
+			endpoint = e
+		}
+	}
+	if account == "" {
+		return "", "", fmt.Errorf("no storage account: set parameter storageAccount or secret key %s", secretAccountName)
+	}
+	if !validAccount(account) {
+		return "", "", fmt.Errorf("storage account %q is not valid (3 to 24 lowercase letters and digits)", account)
+	}
+	if endpoint == defaultEndpoint(account) {
+		endpoint = ""
+	}
+	return account, endpoint, nil
+}
+
+// connStringTarget reads AccountName and the blob endpoint from a
+// connection string, as blobstore does (kept in step with
+// blobstore.parseConnectionString; only names and URLs, never the key).
+func connStringTarget(s string) (account, endpoint string) {
+	kv := map[string]string{}
+	for _, part := range strings.Split(s, ";") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if ok {
+			kv[strings.ToLower(strings.TrimSpace(k))] = strings.TrimSpace(v)
+		}
+	}
+	if strings.EqualFold(kv["usedevelopmentstorage"], "true") {
+		return blobstore.AzuriteAccount, "http://127.0.0.1:10000/" + blobstore.AzuriteAccount
+	}
+	account, endpoint = kv["accountname"], kv["blobendpoint"]
+	if endpoint == "" && account != "" {
+		proto, suffix := kv["defaultendpointsprotocol"], kv["endpointsuffix"]
+		if proto == "" {
+			proto = "https"
+		}
+		if suffix == "" {
+			suffix = "core.windows.net"
+		}
+		endpoint = fmt.Sprintf("%s://%s.blob.%s/", proto, account, strings.Trim(suffix, "/"))
+	}
+	if account == "" && endpoint != "" {
+		// path-style (Azurite) or host-style endpoint
+		rest := endpoint[strings.Index(endpoint, "://")+3:]
+		host, path, _ := strings.Cut(rest, "/")
+		if seg, _, _ := strings.Cut(strings.Trim(path, "/"), "/"); seg != "" {
+			account = seg
+		} else {
+			account, _, _ = strings.Cut(host, ".")
+		}
+	}
+	return account, endpoint
+}
+
+// containerNameFor picks the container of a new volume: the containerName
+// parameter (with the Azure Blob CSI driver's ${pvc.metadata.name},
+// ${pvc.metadata.namespace} and ${pv.metadata.name} templates), else the
+// PVC's namespace and name, else the volume name; containerNamePrefix
+// goes in front. Names that are not valid container names are made valid,
+// with a hash of the original appended so that different names stay
+// different.
+func containerNameFor(name string, p volumeParams) (string, error) {
+	if p.ContainerName != "" {
+		if !strings.Contains(p.ContainerName, "${") {
+			if err := (volumeID{Account: "acc", Container: p.ContainerName}).check(); err != nil {
+				return "", fmt.Errorf("parameter containerName: %v", err)
+			}
+			return p.ContainerName, nil
+		}
+		r := strings.NewReplacer("${pvc.metadata.name}", p.PVCName, "${pvc.metadata.namespace}", p.PVCNamespace, "${pv.metadata.name}", p.PVName)
+		s := r.Replace(p.ContainerName)
+		if strings.Contains(s, "${") {
+			return "", fmt.Errorf("parameter containerName: unknown template in %q (known: ${pvc.metadata.name}, ${pvc.metadata.namespace}, ${pv.metadata.name}; the first two need the provisioner's --extra-create-metadata)", clip(p.ContainerName, 80))
+		}
+		return sanitizeContainerName(s), nil
+	}
+	base := name
+	if p.PVCName != "" && p.PVCNamespace != "" {
+		base = p.PVCNamespace + "-" + p.PVCName
+	}
+	if p.ContainerNamePrefix != "" {
+		prefix := sanitizeContainerName(p.ContainerNamePrefix)
+		if prefix != p.ContainerNamePrefix && prefix != strings.ToLower(p.ContainerNamePrefix) || len(p.ContainerNamePrefix) > 32 {
+			return "", fmt.Errorf("parameter containerNamePrefix %q: use at most 32 lowercase letters, digits and single hyphens", clip(p.ContainerNamePrefix, 80))
+		}
+		base = strings.ToLower(p.ContainerNamePrefix) + "-" + base
+	}
+	return sanitizeContainerName(base), nil
+}
+
+// sanitizeContainerName maps s to a valid container name: lowercase
+// letters, digits and single inner hyphens, 3 to 63 characters. A name
+// that is already valid is kept; any other gets an 8-digit hash of s.
+func sanitizeContainerName(s string) string {
+	var b strings.Builder
+	dash := true
+	for _, r := range strings.ToLower(s) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+			dash = false
+		} else if !dash {
+			b.WriteByte('-')
+			dash = true
+		}
+	}
+	out := strings.TrimRight(b.String(), "-")
+	if out == s && len(out) >= 3 && len(out) <= 63 {
+		return out
+	}
+	sum := sha256.Sum256([]byte(s))
+	h := hex.EncodeToString(sum[:4])
+	if len(out) > 63-9 {
+		out = strings.TrimRight(out[:63-9], "-")
+	}
+	if out == "" {
+		return "vol-" + h
+	}
+	return out + "-" + h
+}
+
+// mountSettings are the per-volume settings from mount options.
+type mountSettings struct {
+	FS    fusefs.Options
+	Mount fusefs.MountOptions
+	Retry blobstore.RetryPolicy
+	// Options is the canonical form, "name=value", sorted: what the node
+	// state records.
+	Options []string
+}
+
+// mountOptionNames is the allow-list: the `blobfs mount` flags that make
+// sense for one volume (not the store, the cache directory or logging,
+// which the driver owns), and the aliases mount(8) users know.
+var mountOptionNames = []string{
+	"block-cache-mb", "read-block-mb", "readahead-blocks", "upload-block-mb",
+	"upload-concurrency", "attr-timeout", "entry-timeout", "negative-timeout",
+	"list-timeout", "read-only", "allow-other", "uid", "gid", "umask",
+	"fuse-readers", "retry-attempts", "retry-max-delay", "debug-fuse",
+}
+
+// defaultMountSettings: pods run with any uid, so CSI mounts let every
+// user in (allow-other) and grant rwx to all (umask 0) unless the volume's
+// mount options say otherwise.
+func defaultMountSettings() mountSettings {
+	return mountSettings{
+		FS:    fusefs.Options{Umask: 0},
+		Mount: fusefs.MountOptions{AllowOther: true},
+	}
+}
+
+// parseMountOptions applies mount options (PV mountOptions, the
+// mountOptions parameter) through the allow-list. Forms: "name=value",
+// "--name=value", "name" for true, "-o a,b". Errors name the option.
+func parseMountOptions(opts []string, field string) (mountSettings, error) {
+	s := defaultMountSettings()
+	set := map[string]string{}
+	var flat []string
+	for _, o := range opts {
+		o = strings.TrimSpace(o)
+		o = strings.TrimSpace(strings.TrimPrefix(o, "-o "))
+		for _, x := range strings.Split(o, ",") {
+			if x = strings.TrimSpace(x); x != "" {
+				flat = append(flat, x)
+			}
+		}
+	}
+	for _, o := range flat {
+		name, val, hasVal := strings.Cut(strings.TrimLeft(o, "-"), "=")
+		name = strings.ReplaceAll(strings.ToLower(strings.TrimSpace(name)), "_", "-")
+		val = strings.TrimSpace(val)
+		bad := func(why string) error {
+			return fmt.Errorf("%s: mount option %q: %s", field, clip(o, 80), why)
+		}
+		boolVal := func() (bool, error) {
+			if !hasVal {
+				return true, nil
+			}
+			b, err := strconv.ParseBool(val)
+			if err != nil {
+				return false, bad("not true or false")
+			}
+			return b, nil
+		}
+		intVal := func(lo, hi int64) (int64, error) {
+			n, err := strconv.ParseInt(val, 10, 64)
+			if !hasVal || err != nil || n < lo || n > hi {
+				return 0, bad(fmt.Sprintf("needs an integer in [%d, %d]", lo, hi))
+			}
+			return n, nil
+		}
+		durVal := func() (time.Duration, error) {
+			d, err := time.ParseDuration(val)
+			if !hasVal || err != nil || d < 0 || d > 24*time.Hour {
+				return 0, bad("needs a duration like 1s or 500ms (0 disables)")
+			}
+			return d, nil
+		}
+		var err error
+		switch name {
+		case "ro", "read-only":
+			name = "read-only"
+			s.FS.ReadOnly, err = boolVal()
+			s.Mount.ReadOnly = s.FS.ReadOnly
+		case "rw", "defaults":
+			continue // the default
+		case "allow-other":
+			s.Mount.AllowOther, err = boolVal()
+		case "debug-fuse":
+			s.Mount.Debug, err = boolVal()
+		case "block-cache-mb":
+			var n int64
+			n, err = intVal(8, 64<<10)
+			s.FS.BlockCacheBytes = n << 20
+		case "read-block-mb":
+			var n int64
+			n, err = intVal(1, 256)
+			s.FS.ReadBlockSize = n << 20
+		case "upload-block-mb":
+			var n int64
+			n, err = intVal(1, 4000)
+			s.FS.UploadBlockSize = n << 20
+		case "readahead-blocks":
+			var n int64
+			n, err = intVal(1, 1024)
+			s.FS.MaxReadAheadBlocks = int(n)
+		case "upload-concurrency":
+			var n int64
+			n, err = intVal(1, 256)
+			s.FS.UploadConcurrency = int(n)
+		case "fuse-readers":
+			var n int64
+			n, err = intVal(1, 64)
+			s.Mount.Readers = int(n)
+		case "retry-attempts":
+			var n int64
+			n, err = intVal(1, 100)
+			s.Retry.MaxAttempts = int(n)
+		case "uid", "gid":
+			var n int64
+			n, err = intVal(0, 1<<32-2)
+			if name == "uid" {
+				s.FS.UID = uint32(n)
+			} else {
+				s.FS.GID = uint32(n)
+			}
+		case "umask":
+			n, perr := strconv.ParseUint(val, 8, 32)
+			if !hasVal || perr != nil || n > 0o777 {
+				err = bad("needs an octal mode within 0777, e.g. 022")
+			}
+			s.FS.Umask = uint32(n)
+		case "attr-timeout", "entry-timeout", "negative-timeout", "list-timeout":
+			var d time.Duration
+			d, err = durVal()
+			if d == 0 {
+				d = -1 // 0 disables, as for `blobfs mount`
+			}
+			switch name {
+			case "attr-timeout":
+				s.FS.AttrTimeout = d
+			case "entry-timeout":
+				s.FS.EntryTimeout = d
+			case "negative-timeout":
+				s.FS.NegativeTimeout = d
+			default:
+				s.FS.ListTimeout = d
+			}
+		case "retry-max-delay":
+			s.Retry.MaxDelay, err = durVal()
+		default:
+			return s, bad(fmt.Sprintf("not supported (supported: %s, ro)", strings.Join(mountOptionNames, ", ")))
+		}
+		if err != nil {
+			return s, err
+		}
+		if hasVal {
+			set[name] = val
+		} else {
+			set[name] = "true"
+		}
+	}
+	cache, read := s.FS.BlockCacheBytes, s.FS.ReadBlockSize
+	if cache == 0 {
+		cache = 256 << 20 // fusefs's defaults
+	}
+	if read == 0 {
+		read = 4 << 20
+	}
+	if cache < 2*read {
+		return s, fmt.Errorf("%s: block-cache-mb must hold at least two read blocks (read-block-mb)", field)
+	}
+	for k, v := range set {
+		s.Options = append(s.Options, k+"="+v)
+	}
+	slices.Sort(s.Options)
+	return s, nil
+}

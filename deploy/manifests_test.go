@@ -1,0 +1,226 @@
+// Package deploy holds the Kubernetes manifests; its test decodes every
+// one strictly into the Kubernetes API types, so that a misspelt field
+// fails CI instead of being dropped silently by the API server.
+package deploy
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+const driverName = "blob.csi.blobfs.io"
+
+// newObject returns an empty typed object for apiVersion and kind.
+func newObject(apiVersion, kind string) any {
+	switch apiVersion + "/" + kind {
+	case "v1/ServiceAccount":
+		return &corev1.ServiceAccount{}
+	case "v1/Secret":
+		return &corev1.Secret{}
+	case "v1/PersistentVolume":
+		return &corev1.PersistentVolume{}
+	case "v1/PersistentVolumeClaim":
+		return &corev1.PersistentVolumeClaim{}
+	case "v1/Pod":
+		return &corev1.Pod{}
+	case "apps/v1/Deployment":
+		return &appsv1.Deployment{}
+	case "apps/v1/DaemonSet":
+		return &appsv1.DaemonSet{}
+	case "rbac.authorization.k8s.io/v1/ClusterRole":
+		return &rbacv1.ClusterRole{}
+	case "rbac.authorization.k8s.io/v1/ClusterRoleBinding":
+		return &rbacv1.ClusterRoleBinding{}
+	case "storage.k8s.io/v1/CSIDriver":
+		return &storagev1.CSIDriver{}
+	case "storage.k8s.io/v1/StorageClass":
+		return &storagev1.StorageClass{}
+	}
+	return nil
+}
+
+// kustomization is the part of kustomize's format used here.
+type kustomization struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Resources  []string `json:"resources"`
+	Images     []struct {
+		Name    string `json:"name"`
+		NewName string `json:"newName"`
+		NewTag  string `json:"newTag"`
+	} `json:"images"`
+}
+
+var docSep = regexp.MustCompile(`(?m)^---\s*$`)
+
+// decodeAll strictly decodes every manifest under the deploy directory.
+func decodeAll(t *testing.T) map[string][]any {
+	t.Helper()
+	files, _ := filepath.Glob("*.yaml")
+	ex, _ := filepath.Glob("examples/*.yaml")
+	files = append(files, ex...)
+	if len(files) < 8 {
+		t.Fatalf("only %d manifests found: %v", len(files), files)
+	}
+	out := map[string][]any{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f == "kustomization.yaml" {
+			var k kustomization
+			if err := yaml.UnmarshalStrict(b, &k); err != nil {
+				t.Errorf("%s: %v", f, err)
+			}
+			for _, r := range k.Resources {
+				if _, err := os.Stat(r); err != nil {
+					t.Errorf("%s: resource %s: %v", f, r, err)
+				}
+			}
+			continue
+		}
+		for i, doc := range docSep.Split(string(b), -1) {
+			if len(bytes.TrimSpace([]byte(stripComments(doc)))) == 0 {
+				continue
+			}
+			var tm metav1.TypeMeta
+			if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+				t.Errorf("%s #%d: %v", f, i, err)
+				continue
+			}
+			obj := newObject(tm.APIVersion, tm.Kind)
+			if obj == nil {
+				t.Errorf("%s #%d: no type known for %s %s (add it to newObject)", f, i, tm.APIVersion, tm.Kind)
+				continue
+			}
+			if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+				t.Errorf("%s #%d (%s): %v", f, i, tm.Kind, err)
+				continue
+			}
+			out[f] = append(out[f], obj)
+		}
+	}
+	return out
+}
+
+func stripComments(doc string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(doc, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
+
+func TestManifestsDecodeStrictly(t *testing.T) {
+	decodeAll(t)
+}
+
+// TestStrictDecodingCatchesTypos proves the check can fail.
+func TestStrictDecodingCatchesTypos(t *testing.T) {
+	doc := "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: x}\nspec: {attachRequierd: false}\n"
+	if err := yaml.UnmarshalStrict([]byte(doc), &storagev1.CSIDriver{}); err == nil {
+		t.Fatal("a misspelt field decoded without error")
+	}
+}
+
+// TestManifestsFitTogether checks what a cluster would trip over: one
+// driver name everywhere, the node plugin's privileges and mounts, the
+// surge update, the sidecars.
+func TestManifestsFitTogether(t *testing.T) {
+	all := decodeAll(t)
+	var ds *appsv1.DaemonSet
+	var dep *appsv1.Deployment
+	for _, objs := range all {
+		for _, o := range objs {
+			switch o := o.(type) {
+			case *storagev1.CSIDriver:
+				if o.Name != driverName || o.Spec.AttachRequired == nil || *o.Spec.AttachRequired {
+					t.Errorf("CSIDriver %s: attachRequired must be false", o.Name)
+				}
+				modes := map[storagev1.VolumeLifecycleMode]bool{}
+				for _, m := range o.Spec.VolumeLifecycleModes {
+					modes[m] = true
+				}
+				if !modes[storagev1.VolumeLifecyclePersistent] || !modes[storagev1.VolumeLifecycleEphemeral] {
+					t.Errorf("CSIDriver lifecycle modes %v", o.Spec.VolumeLifecycleModes)
+				}
+			case *storagev1.StorageClass:
+				if o.Provisioner != driverName {
+					t.Errorf("StorageClass %s: provisioner %q", o.Name, o.Provisioner)
+				}
+			case *corev1.PersistentVolume:
+				if o.Spec.CSI == nil || o.Spec.CSI.Driver != driverName || !strings.HasPrefix(o.Spec.CSI.VolumeHandle, "blobfs1#") {
+					t.Errorf("PersistentVolume %s: csi %+v", o.Name, o.Spec.CSI)
+				}
+			case *corev1.Pod:
+				for _, v := range o.Spec.Volumes {
+					if v.CSI != nil && v.CSI.Driver != driverName {
+						t.Errorf("Pod %s: inline volume driver %q", o.Name, v.CSI.Driver)
+					}
+				}
+			case *appsv1.DaemonSet:
+				ds = o
+			case *appsv1.Deployment:
+				dep = o
+			}
+		}
+	}
+	if ds == nil || dep == nil {
+		t.Fatal("node DaemonSet or controller Deployment missing")
+	}
+	ru := ds.Spec.UpdateStrategy.RollingUpdate
+	if ru == nil || ru.MaxSurge == nil || ru.MaxSurge.IntValue() < 1 {
+		t.Error("node DaemonSet: rolling update needs maxSurge >= 1")
+	}
+	containers := map[string]corev1.Container{}
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		containers[c.Name] = c
+	}
+	for _, want := range []string{"blobfs", "node-driver-registrar", "liveness-probe"} {
+		if _, ok := containers[want]; !ok {
+			t.Errorf("node DaemonSet lacks container %s", want)
+		}
+	}
+	node := containers["blobfs"]
+	if node.SecurityContext == nil || node.SecurityContext.Privileged == nil || !*node.SecurityContext.Privileged {
+		t.Error("node plugin must be privileged")
+	}
+	var bidir, fuse bool
+	for _, m := range node.VolumeMounts {
+		if m.MountPath == "/var/lib/kubelet" && m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
+			bidir = true
+		}
+		if m.MountPath == "/dev/fuse" {
+			fuse = true
+		}
+	}
+	if !bidir || !fuse {
+		t.Errorf("node plugin mounts: kubelet dir bidirectional %v, /dev/fuse %v", bidir, fuse)
+	}
+	if !strings.Contains(strings.Join(containers["node-driver-registrar"].Args, " "), "/var/lib/kubelet/plugins/"+driverName+"/csi.sock") {
+		t.Error("registrar registers another socket path")
+	}
+	var prov bool
+	for _, c := range dep.Spec.Template.Spec.Containers {
+		if strings.Contains(c.Image, "csi-provisioner") {
+			prov = strings.Contains(strings.Join(c.Args, " "), "--extra-create-metadata")
+		}
+	}
+	if !prov {
+		t.Error("controller: csi-provisioner with --extra-create-metadata missing")
+	}
+}
