@@ -35,7 +35,7 @@ test-short:
 	$(GO) test -short ./...
 
 bench: build
-	$(GO) run ./bench/cmd/blobfs-bench
+	./.ci/bench.sh $(BENCH_ARGS)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

@@ -1,0 +1,128 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/blobfs/blobfs/blobstore/storetest"
+)
+
+// TestQuickAzurite runs the whole harness in -quick mode against the
+// Azurite named by $BLOBFS_TEST_AZURITE, so that it keeps compiling and
+// working. It checks that every figure was measured and that the data read
+// back was right; it does not check targets, which depend on the machine.
+func TestQuickAzurite(t *testing.T) {
+	endpoint := os.Getenv(storetest.EnvAzurite)
+	if endpoint == "" {
+		t.Skipf("set %s=http://127.0.0.1:10000/devstoreaccount1 after `.ci/azurite.sh start` to run the benchmark harness", storetest.EnvAzurite)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the harness mounts with mount(2): run as root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+	// Smaller than -quick: under -race (as CI runs it) this stays well
+	// within a minute.
+	cfg := QuickConfig()
+	cfg.Size = 16 * MiB
+	cfg.SmallFiles = 40
+	cfg.FaultySize = 16 * MiB
+	cfg.MemorySize = 64 * MiB
+	cfg.BlockCacheMB = 16
+	cfg.Endpoint = endpoint
+	if k := os.Getenv(storetest.EnvAzuriteKey); k != "" {
+		cfg.Key = k
+	}
+	cfg.BlobfsBin = buildBlobfs(t)
+	cfg.WorkDir = t.TempDir()
+	cfg.Others = false
+	// Other packages' tests run beside this one: do not flush the whole
+	// machine's page cache under them.
+	cfg.DropCaches = false
+	if testing.Verbose() {
+		cfg.Log = testLog{t}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table strings.Builder
+	if err := rep.Markdown(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + table.String())
+	if err := rep.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range FigureIDs() {
+		row, ok := rep.Row(id)
+		if !ok {
+			t.Errorf("figure %s missing from the report", id)
+			continue
+		}
+		if row.Blobfs <= 0 || row.Baseline <= 0 {
+			t.Errorf("figure %s: blobfs %v, baseline %v: not measured", id, row.Blobfs, row.Baseline)
+		}
+		if !strings.Contains(table.String(), "| "+row.Figure+" |") {
+			t.Errorf("figure %s has no line in the table", id)
+		}
+	}
+}
+
+// buildBlobfs builds cmd/blobfs into a temporary directory, with the race
+// detector when this test has it, so that the packages compiled for the
+// test are reused.
+func buildBlobfs(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed to build blobfs: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "blobfs")
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	args = append(args, "github.com/blobfs/blobfs/cmd/blobfs")
+	if out, err := exec.Command(goBin, args...).CombinedOutput(); err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return bin
+}
+
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func TestParseFigures(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    []string
+		wantErr bool
+	}{
+		{in: "all", want: FigureIDs()},
+		{in: "memory,seq-read", want: []string{FigSeqRead, FigMemory}},
+		{in: "small, fuse", want: []string{FigSmallCreate, FigSmallList, FigSmallRead, FigFUSE}},
+		{in: "seq,seq-read", want: []string{FigSeqRead, FigSeqWrite}},
+		{in: "local", want: []string{FigFaultyRead, FigFaultyWrite, FigFUSE, FigMemory}},
+		{in: "seq-reed", wantErr: true},
+		{in: " , ", wantErr: true},
+	} {
+		got, err := ParseFigures(tc.in)
+		if (err != nil) != tc.wantErr || !slices.Equal(got, tc.want) {
+			t.Errorf("ParseFigures(%q) = %v, %v; want %v (error: %v)", tc.in, got, err, tc.want, tc.wantErr)
+		}
+	}
+}

@@ -1,0 +1,232 @@
+// Command blobfs-bench measures blobfs against the raw azblob SDK on the
+// same Azurite, side by side in one run, and prints a markdown table of
+// ratios. See package bench for the figures and the method.
+//
+//	make build && ./.ci/azurite.sh start
+//	go run ./bench/cmd/blobfs-bench                 # the full run (1 GiB files, 3 repetitions)
+//	go run ./bench/cmd/blobfs-bench -quick          # a 64 MiB smoke run
+//	go run ./bench/cmd/blobfs-bench -figures seq-read,memory -reps 5
+//
+// It needs root (mount(2), dropping the page cache) and a blobfs binary
+// (-blobfs, default bin/blobfs).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/blobfs/blobfs/bench"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "blobfs-bench:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the flags that are not part of bench.Config.
+type options struct {
+	quick      bool
+	figures    string
+	blobfsArgs string
+	quiet      bool
+	out        string
+	cpuProfile string
+	timeout    time.Duration
+}
+
+// newFlags registers every flag with defaults taken from c.
+func newFlags(c *bench.Config, o *options) *flag.FlagSet {
+	fl := flag.NewFlagSet("blobfs-bench", flag.ContinueOnError)
+	fl.Usage = func() {
+		fmt.Fprintf(fl.Output(), "usage: blobfs-bench [flags]\n\nFigures: %s\n(groups: all, seq, small, faulty, azurite, local)\n\n",
+			strings.Join(bench.FigureIDs(), ", "))
+		fl.PrintDefaults()
+	}
+	fl.BoolVar(&o.quick, "quick", false, "smoke run: 64 MiB files, 100 small files, 1 repetition, few SDK strategies (other flags still apply)")
+	fl.StringVar(&o.figures, "figures", "all", "comma-separated figures or groups to run")
+	fl.StringVar(&c.Endpoint, "endpoint", c.Endpoint, "Azurite blob endpoint with the account (env BLOBFS_TEST_AZURITE)")
+	fl.StringVar(&c.Key, "key", c.Key, "account key (env BLOBFS_TEST_AZURITE_KEY; default Azurite's well-known key)")
+	fl.StringVar(&c.BlobfsBin, "blobfs", c.BlobfsBin, "blobfs binary (make build)")
+	fl.StringVar(&o.blobfsArgs, "blobfs-args", "", "extra `blobfs mount` flags, space-separated, e.g. \"--readahead-blocks=32\"")
+	fl.BoolVar(&c.InProcess, "inprocess", c.InProcess, "diagnostic: serve the Azurite figures' blobfs mount in this process (profile it with -cpuprofile)")
+	fl.IntVar(&c.Reps, "reps", c.Reps, "timed repetitions per side; the best counts")
+	fl.Var(byteSize{&c.Size}, "size", "large file size (seq-read, seq-write, fuse)")
+	fl.IntVar(&c.SmallFiles, "small-files", c.SmallFiles, "number of small files")
+	fl.Var(intSize{&c.SmallFileSize}, "small-size", "size of each small file")
+	fl.Var(byteSize{&c.FaultySize}, "faulty-size", "file size of the faulty-* figures")
+	fl.DurationVar(&c.FaultyLatency, "faulty-latency", c.FaultyLatency, "latency the fake store adds to every call")
+	fl.Var(byteSize{&c.FaultyBandwidth}, "faulty-bandwidth", "the fake store's bandwidth per stream, per second")
+	fl.Var(byteSize{&c.MemorySize}, "memory-size", "file size streamed by the memory figure")
+	fl.Int64Var(&c.BlockCacheMB, "block-cache-mb", c.BlockCacheMB, "--block-cache-mb of the memory figure's mount")
+	fl.BoolVar(&c.FewStrategies, "few-strategies", c.FewStrategies, "try only three SDK strategies for seq-read and seq-write")
+	fl.BoolVar(&c.Others, "others", c.Others, "also measure blobfuse2 and rclone when on PATH")
+	fl.BoolVar(&c.DropCaches, "drop-caches", c.DropCaches, "drop the page cache before timed phases (root)")
+	fl.StringVar(&c.WorkDir, "workdir", c.WorkDir, "directory for mountpoints, caches and the local store (default $TMPDIR)")
+	fl.BoolVar(&c.KeepContainer, "keep-container", c.KeepContainer, "leave the Azurite container in place")
+	fl.BoolVar(&o.quiet, "quiet", false, "no progress on stderr")
+	fl.StringVar(&o.out, "out", "", "also write the report to this file")
+	fl.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (covers in-process mounts)")
+	fl.DurationVar(&o.timeout, "timeout", 2*time.Hour, "give up after this long")
+	return fl
+}
+
+func run(args []string) error {
+	// Parse twice: first to learn whether -quick picks the other set of
+	// defaults, then for real on top of those defaults.
+	var o options
+	c := bench.DefaultConfig()
+	if err := newFlags(&c, &o).Parse(args); err != nil {
+		return err
+	}
+	if o.quick {
+		c, o = bench.QuickConfig(), options{}
+	} else {
+		c, o = bench.DefaultConfig(), options{}
+	}
+	if v := os.Getenv("BLOBFS_TEST_AZURITE"); v != "" {
+		c.Endpoint = v
+	}
+	if v := os.Getenv("BLOBFS_TEST_AZURITE_KEY"); v != "" {
+		c.Key = v
+	}
+	fl := newFlags(&c, &o)
+	if err := fl.Parse(args); err != nil {
+		return err
+	}
+	if fl.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fl.Args())
+	}
+	figs, err := bench.ParseFigures(o.figures)
+	if err != nil {
+		return err
+	}
+	c.Figures = figs
+	c.BlobfsArgs = strings.Fields(o.blobfsArgs)
+	if !o.quiet {
+		c.Log = os.Stderr
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	rep, err := bench.Run(ctx, c)
+	if err != nil {
+		return err
+	}
+	var w io.Writer = os.Stdout
+	if o.out != "" {
+		f, err := os.Create(o.out)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		w = io.MultiWriter(os.Stdout, f)
+	}
+	if err := rep.Markdown(w); err != nil {
+		return err
+	}
+	return rep.Err()
+}
+
+// byteSize is a flag holding a size such as 4096, 64MiB, 1GiB or 1G.
+type byteSize struct{ p *int64 }
+
+func (b byteSize) String() string {
+	if b.p == nil {
+		return ""
+	}
+	return formatSize(*b.p)
+}
+
+func (b byteSize) Set(s string) error {
+	v, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	*b.p = v
+	return nil
+}
+
+// intSize is byteSize for an int.
+type intSize struct{ p *int }
+
+func (b intSize) String() string {
+	if b.p == nil {
+		return ""
+	}
+	return formatSize(int64(*b.p))
+}
+
+func (b intSize) Set(s string) error {
+	v, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	if v > 1<<31-1 {
+		return fmt.Errorf("%s is too large", s)
+	}
+	*b.p = int(v)
+	return nil
+}
+
+func formatSize(n int64) string {
+	for _, u := range []struct {
+		name string
+		size int64
+	}{{"GiB", bench.GiB}, {"MiB", bench.MiB}, {"KiB", bench.KiB}} {
+		if n >= u.size && n%u.size == 0 {
+			return fmt.Sprintf("%d%s", n/u.size, u.name)
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// parseSize reads a byte count with an optional binary unit: K, KiB, M,
+// MiB, G, GiB (all powers of 1024), case-insensitive.
+func parseSize(s string) (int64, error) {
+	t := strings.ToLower(strings.TrimSpace(s))
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"kib", bench.KiB}, {"mib", bench.MiB}, {"gib", bench.GiB}, {"k", bench.KiB}, {"m", bench.MiB}, {"g", bench.GiB}, {"b", 1}} {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSuffix(t, u.suffix), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(t), 10, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("size %q: want a number with an optional unit (KiB, MiB, GiB)", s)
+	}
+	return v * mult, nil
+}

@@ -1,0 +1,52 @@
+// Package bench measures blobfs against the raw azblob SDK on the same
+// backend, side by side in one run, and reports every figure as a ratio.
+//
+// Figures (Config.Figures selects them; see FigureIDs):
+//
+//   - seq-read, seq-write: one large file (1 GiB by default) read or
+//     written through a `blobfs mount --foreground` subprocess over Azurite,
+//     against the fastest of several SDK strategies (DownloadStream,
+//     DownloadBuffer/DownloadFile, UploadBuffer/UploadStream with a few
+//     block sizes and concurrencies) on the same Azurite.
+//   - small-create, small-list, small-read: 1,000 files of 4 KiB created
+//     until durable, listed cold with a stat of each (ls -l), and read,
+//     against the SDK doing the same requests one after another.
+//   - faulty-read, faulty-write: the same large-file transfers through an
+//     in-process mount over blobstore.NewFaulty (latency and a per-stream
+//     bandwidth cap over the in-memory store), against direct serial and
+//     parallel transfers on the same fake: how well blobfs uses
+//     parallelism where one stream is slow.
+//   - fuse: sequential read through an in-process mount over
+//     blobstore.NewMemory, in GB/s, against go-fuse's own fuse.Server
+//     serving a file from memory: the cost of blobfs's FUSE path.
+//   - memory: peak RSS (VmHWM) of a `blobfs mount --foreground` process
+//     while a file (4 GiB by default) is streamed through it from a local
+//     directory store, against its --block-cache-mb plus 64 MiB.
+//
+// Other FUSE clients (blobfuse2, rclone) found on PATH are measured in the
+// same run on the Azurite figures.
+//
+// # Method
+//
+// The machine is shared and noisy, so absolute numbers mean little. Each
+// figure times blobfs and its baseline in the same run, interleaved
+// repetition by repetition, keeps the best (shortest) time of each, and
+// reports their ratio. Every "cold" measurement uses a fresh mount, and
+// the page cache is dropped before each timed phase (Config.DropCaches;
+// root only; it affects the whole machine). Data read back is compared
+// with what was written, so a fast wrong answer fails the run.
+//
+// # Hazards
+//
+//   - The in-process mounts (fuse, faulty-*) are read by goroutines of this
+//     process. That is safe only because fusefs disables FUSE poll and
+//     reads are never issued from a FUSE reader goroutine; see
+//     fusefs.Session.
+//   - Azurite with --inMemoryPersistence frees deleted blobs only in its
+//     garbage collection pass, every 10 minutes. A full run uploads about
+//     ten times Config.Size; use an Azurite of your own (AZURITE_PORT=...
+//     .ci/azurite.sh start) rather than one that others test against.
+//   - A run that is interrupted still unmounts what it mounted and deletes
+//     its container, as long as Run's context is cancelled rather than the
+//     process killed.
+package bench

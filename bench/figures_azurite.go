@@ -1,0 +1,332 @@
+package bench
+
+// The Azurite figures: each client's mount against the raw SDK on the same
+// container. Every mount is fresh, so that nothing is cached in blobfs or
+// in the kernel, and the page cache is dropped before each timed phase.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+)
+
+// seqRead: read one large blob sequentially through a fresh mount, against
+// the fastest SDK download of the same blob.
+func (r *runner) seqRead(ctx context.Context) Row {
+	size := r.cfg.Size
+	row := Row{ID: FigSeqRead, Figure: fmt.Sprintf("sequential read %s (Azurite)", human(size)), Unit: UnitMBps, Target: Target{Min: 0.9}}
+	data := r.largeData()
+	name := fmt.Sprintf("read-%d.bin", r.unique())
+	if err := r.az.uploadFast(ctx, name, data); err != nil {
+		row.Err = fmt.Errorf("upload %s: %w", name, err)
+		return row
+	}
+	defer r.az.delete(context.Background(), name)
+	dst := r.scratchBuf()
+
+	baselines := r.az.downloadStrategies(name, data, dst, r.work, r.cfg.FewStrategies)
+	contenders := r.clientSides(func(ctx context.Context, c client) (time.Duration, error) {
+		return r.withMount(ctx, c, func(dir string) (time.Duration, error) {
+			clear(dst)
+			r.dropCaches()
+			start := time.Now()
+			if err := readFileInto(ctx, joinPath(dir, name), dst); err != nil {
+				return 0, err
+			}
+			d := time.Since(start)
+			return d, verify(dst, data)
+		})
+	})
+	out, err := r.compare(ctx, row.ID, "SDK", mbps(size), baselines, contenders)
+	if err != nil {
+		row.Err = err
+		return row
+	}
+	return r.fill(row, out, throughput(size), "SDK ")
+}
+
+// seqWrite: write one large file through a fresh mount and close it, until
+// the blob is in the store, against the fastest SDK upload.
+func (r *runner) seqWrite(ctx context.Context) Row {
+	size := r.cfg.Size
+	row := Row{ID: FigSeqWrite, Figure: fmt.Sprintf("sequential write %s until durable (Azurite)", human(size)), Unit: UnitMBps, Target: Target{Min: 0.9}}
+	data := r.largeData()
+	newName := func() string { return fmt.Sprintf("write-sdk-%d.bin", r.unique()) }
+	baselines := r.az.uploadStrategies(newName, data)
+	verified := map[string]bool{}
+	contenders := r.clientSides(func(ctx context.Context, c client) (time.Duration, error) {
+		name := fmt.Sprintf("write-%s-%d.bin", c.name, r.unique())
+		defer r.az.delete(context.Background(), name)
+		d, err := r.withMount(ctx, c, func(dir string) (time.Duration, error) {
+			r.dropCaches()
+			return r.timeUntilDurable(ctx, c.name, func(interrupted *int) error {
+				return countInterrupted(writeFileFrom(ctx, joinPath(dir, name), data), interrupted)
+			}, func(ctx context.Context) (bool, error) {
+				n, err := r.az.size(ctx, name)
+				return n == size, err
+			})
+		})
+		if err != nil || verified[c.name] {
+			return d, err
+		}
+		// Once per client, untimed: the blob holds what was written.
+		verified[c.name] = true
+		dst := r.scratchBuf()
+		clear(dst)
+		n, err := r.az.download(ctx, name, dst)
+		if err != nil {
+			return 0, fmt.Errorf("read back %s: %w", name, err)
+		}
+		return d, verify(dst[:min(n, len(dst))], data)
+	})
+	out, err := r.compare(ctx, row.ID, "SDK", mbps(size), baselines, contenders)
+	if err != nil {
+		row.Err = err
+		return row
+	}
+	return r.fill(row, out, throughput(size), "SDK ")
+}
+
+// timeUntilDurable times write and then durable: when durable holds right
+// after write returns, the time is write's; otherwise it runs until
+// durable first holds, and the log says so.
+//
+// write reports closes that failed with EINTR through interrupted and
+// carries on; the store then decides whether the data made it.
+func (r *runner) timeUntilDurable(ctx context.Context, who string, write func(interrupted *int) error, durable func(context.Context) (bool, error)) (time.Duration, error) {
+	start := time.Now()
+	interrupted := 0
+	if err := write(&interrupted); err != nil {
+		return 0, err
+	}
+	closed := time.Since(start)
+	if interrupted > 0 {
+		r.interrupted[who] += interrupted
+		r.detail("    %s: close(2) failed with EINTR %d times; waiting for the store", who, interrupted)
+	}
+	at, atClose, err := waitDurable(ctx, durable)
+	if err != nil {
+		return 0, fmt.Errorf("after close: %w", err)
+	}
+	if atClose {
+		return closed, nil
+	}
+	d := at.Sub(start)
+	r.detail("    %s: not durable when close returned (%.3f s); durable after %.3f s", who, closed.Seconds(), d.Seconds())
+	return d, nil
+}
+
+// smallData is the content of the small files: file i is the i-th slice
+// of SmallFileSize bytes.
+func (r *runner) smallData() []byte {
+	return randomBytes(int64(r.cfg.SmallFiles*r.cfg.SmallFileSize), 2)
+}
+
+func (r *runner) smallContent(all []byte, i int) []byte {
+	return all[i*r.cfg.SmallFileSize : (i+1)*r.cfg.SmallFileSize]
+}
+
+func smallName(dir string, i int) string { return fmt.Sprintf("%s/f%05d", dir, i) }
+
+// smallCreate: create SmallFiles files through a fresh mount, one after
+// another, until all are in the store, against the SDK uploading them one
+// after another.
+func (r *runner) smallCreate(ctx context.Context) Row {
+	n := r.cfg.SmallFiles
+	row := Row{ID: FigSmallCreate, Figure: fmt.Sprintf("create %d × %s files until durable (Azurite)", n, human(int64(r.cfg.SmallFileSize))), Unit: UnitFilesS, Target: Target{Min: 0.9}}
+	all := r.smallData()
+	var dir string
+	baseline := strategy{
+		name:    "Upload × N, serially",
+		prepare: func() error { dir = fmt.Sprintf("create-sdk-%d", r.unique()); return nil },
+		run: func(ctx context.Context) error {
+			for i := range n {
+				if err := r.az.upload(ctx, smallName(dir, i), r.smallContent(all, i)); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		check: func(ctx context.Context) error {
+			got, err := r.az.count(ctx, dir+"/")
+			if err == nil && got != n {
+				err = fmt.Errorf("%d blobs under %s/, want %d", got, dir, n)
+			}
+			return err
+		},
+	}
+	contenders := r.clientSides(func(ctx context.Context, c client) (time.Duration, error) {
+		dir := fmt.Sprintf("create-%s-%d", c.name, r.unique())
+		return r.withMount(ctx, c, func(mnt string) (time.Duration, error) {
+			if err := os.Mkdir(joinPath(mnt, dir), 0o755); err != nil {
+				return 0, err
+			}
+			r.dropCaches()
+			return r.timeUntilDurable(ctx, c.name, func(interrupted *int) error {
+				for i := range n {
+					err := createFile(joinPath(mnt, smallName(dir, i)), r.smallContent(all, i))
+					if err := countInterrupted(err, interrupted); err != nil {
+						return err
+					}
+				}
+				return nil
+			}, func(ctx context.Context) (bool, error) {
+				got, err := r.az.count(ctx, dir+"/")
+				return got == n, err
+			})
+		})
+	})
+	out, err := r.compare(ctx, row.ID, "SDK", filesPerSec(n), []strategy{baseline}, contenders)
+	if err != nil {
+		row.Err = err
+		return row
+	}
+	return r.fill(row, out, rate(n), "SDK ")
+}
+
+// createFile creates path, which must not exist, with data.
+func createFile(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	return closeFile(f)
+}
+
+// countInterrupted counts err in *n when it is errCloseInterrupted and
+// returns nil then; other errors pass through.
+func countInterrupted(err error, n *int) error {
+	if errors.Is(err, errCloseInterrupted) {
+		*n++
+		return nil
+	}
+	return err
+}
+
+// smallSetDir holds the small files that small-list and small-read work
+// on, uploaded by the SDK (untimed) on first use.
+const smallSetDir = "small"
+
+func (r *runner) smallSet(ctx context.Context) ([]byte, error) {
+	all := r.smallData()
+	if got, err := r.az.count(ctx, smallSetDir+"/"); err != nil || got == r.cfg.SmallFiles {
+		return all, err
+	}
+	for i := range r.cfg.SmallFiles {
+		if err := r.az.upload(ctx, smallName(smallSetDir, i), r.smallContent(all, i)); err != nil {
+			return nil, err
+		}
+	}
+	return all, nil
+}
+
+// smallList: list the directory of small files on a fresh mount and stat
+// each entry (ls -l), against one flat listing with metadata.
+func (r *runner) smallList(ctx context.Context) Row {
+	n := r.cfg.SmallFiles
+	row := Row{ID: FigSmallList, Figure: fmt.Sprintf("cold list + stat of %d files (Azurite)", n), Unit: UnitFilesS, Target: Target{Min: 0.9}}
+	if _, err := r.smallSet(ctx); err != nil {
+		row.Err = err
+		return row
+	}
+	baseline := strategy{
+		name: "ListBlobsFlat + metadata",
+		run: func(ctx context.Context) error {
+			got, err := r.az.count(ctx, smallSetDir+"/")
+			if err == nil && got != n {
+				err = fmt.Errorf("listed %d blobs, want %d", got, n)
+			}
+			return err
+		},
+	}
+	contenders := r.clientSides(func(ctx context.Context, c client) (time.Duration, error) {
+		return r.withMount(ctx, c, func(mnt string) (time.Duration, error) {
+			r.dropCaches()
+			dir := joinPath(mnt, smallSetDir)
+			start := time.Now()
+			entries, err := os.ReadDir(dir)
+			if err != nil {
+				return 0, err
+			}
+			for _, e := range entries {
+				fi, err := os.Lstat(joinPath(dir, e.Name()))
+				if err != nil {
+					return 0, err
+				}
+				if !fi.Mode().IsRegular() || fi.Size() != int64(r.cfg.SmallFileSize) {
+					return 0, fmt.Errorf("%s: mode %v size %d, want a regular file of %d bytes", e.Name(), fi.Mode(), fi.Size(), r.cfg.SmallFileSize)
+				}
+			}
+			d := time.Since(start)
+			if len(entries) != n {
+				return 0, fmt.Errorf("listed %d entries, want %d", len(entries), n)
+			}
+			return d, nil
+		})
+	})
+	out, err := r.compare(ctx, row.ID, "SDK", filesPerSec(n), []strategy{baseline}, contenders)
+	if err != nil {
+		row.Err = err
+		return row
+	}
+	return r.fill(row, out, rate(n), "SDK ")
+}
+
+// smallRead: read every small file by name on a fresh mount, against one
+// GET per file.
+func (r *runner) smallRead(ctx context.Context) Row {
+	n := r.cfg.SmallFiles
+	row := Row{ID: FigSmallRead, Figure: fmt.Sprintf("cold read of %d × %s files (Azurite)", n, human(int64(r.cfg.SmallFileSize))), Unit: UnitFilesS, Target: Target{Min: 0.9}}
+	all, err := r.smallSet(ctx)
+	if err != nil {
+		row.Err = err
+		return row
+	}
+	buf := make([]byte, r.cfg.SmallFileSize)
+	baseline := strategy{
+		name: "DownloadStream × N, serially",
+		run: func(ctx context.Context) error {
+			for i := range n {
+				name := smallName(smallSetDir, i)
+				got, err := r.az.download(ctx, name, buf)
+				if err != nil {
+					return err
+				}
+				if got != len(buf) || !bytes.Equal(buf, r.smallContent(all, i)) {
+					return fmt.Errorf("%s: wrong content", name)
+				}
+			}
+			return nil
+		},
+	}
+	contenders := r.clientSides(func(ctx context.Context, c client) (time.Duration, error) {
+		return r.withMount(ctx, c, func(mnt string) (time.Duration, error) {
+			r.dropCaches()
+			start := time.Now()
+			for i := range n {
+				name := smallName(smallSetDir, i)
+				got, err := os.ReadFile(joinPath(mnt, name))
+				if err != nil {
+					return 0, err
+				}
+				if !bytes.Equal(got, r.smallContent(all, i)) {
+					return 0, fmt.Errorf("%s: wrong content (%d bytes)", name, len(got))
+				}
+			}
+			return time.Since(start), nil
+		})
+	})
+	out, err := r.compare(ctx, row.ID, "SDK", filesPerSec(n), []strategy{baseline}, contenders)
+	if err != nil {
+		row.Err = err
+		return row
+	}
+	return r.fill(row, out, rate(n), "SDK ")
+}
