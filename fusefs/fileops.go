@@ -333,19 +333,26 @@ func (fs *FS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.Re
 // at one block and doubles with every sequential read up to
 // Options.MaxReadAheadBlocks; a seek resets it.
 func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) {
+	// The kernel's own read-ahead sends several READs at once, answered
+	// by several readers: they arrive slightly out of order. A read near
+	// where the stream is (within one block either way) counts as
+	// sequential; only a real seek resets the window.
+	bs := fs.opts.ReadBlockSize
 	h.raMu.Lock()
-	if off == h.raNext {
+	if off >= h.raNext-bs && off <= h.raNext+bs {
 		h.raWindow = min(max(h.raWindow*2, 1), fs.opts.MaxReadAheadBlocks)
 	} else {
 		h.raWindow = 0
 	}
-	h.raNext = off + int64(n)
+	h.raNext = max(h.raNext, off+int64(n))
+	if h.raWindow == 0 {
+		h.raNext = off + int64(n)
+	}
 	window := h.raWindow
 	h.raMu.Unlock()
 	if window == 0 {
 		return
 	}
-	bs := fs.opts.ReadBlockSize
 	last := (min(off+int64(n), size) - 1) / bs
 	for i := int64(1); i <= int64(window); i++ {
 		fs.blocks.prefetch(blockKey{path, etag, last + i}, size)
@@ -387,14 +394,13 @@ func (fs *FS) Fsync(cancel <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
 	return fs.commit(cancel, h)
 }
 
-func (fs *FS) commit(cancel <-chan struct{}, h *handle) fuse.Status {
-	ctx, cf := fs.reqContext(cancel)
-	defer cf()
-	if err := h.of.commit(ctx); err != nil {
+// commit uploads at close and fsync. It ignores FUSE_INTERRUPT: the kernel
+// interrupts a FLUSH whenever the closing thread gets any signal (Go's
+// runtime sends SIGURG for preemption all the time), and answering EINTR
+// would tell the application its close failed while the data lands anyway.
+func (fs *FS) commit(_ <-chan struct{}, h *handle) fuse.Status {
+	if err := h.of.commit(fs.ctx); err != nil {
 		fs.log.Warn("commit failed", "err", err)
-		if errors.Is(err, context.Canceled) {
-			return fuse.EINTR
-		}
 		if errors.Is(err, blobstore.ErrPreconditionFailed) || errors.Is(err, blobstore.ErrAlreadyExists) {
 			return toStatus(err)
 		}

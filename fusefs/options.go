@@ -19,7 +19,9 @@ type Options struct {
 	// included. Default 256 MiB.
 	BlockCacheBytes int64
 	// ReadBlockSize is the size of one ranged GET and one cache block.
-	// Default 4 MiB.
+	// Default 8 MiB: per-request costs of the service dominate below it
+	// (measured on Azurite: the SDK itself reads 2-3x slower with 4 MiB
+	// ranges than with 8 MiB).
 	ReadBlockSize int64
 	// MaxReadAheadBlocks caps the sequential read-ahead window. Default:
 	// a quarter of the cache, at most 32 blocks.
@@ -54,7 +56,7 @@ type Options struct {
 
 const (
 	defaultBlockCacheBytes   = 256 << 20
-	defaultReadBlockSize     = 4 << 20
+	defaultReadBlockSize     = 8 << 20
 	defaultUploadBlockSize   = 8 << 20
 	defaultUploadConcurrency = 8
 	defaultTimeout           = time.Second

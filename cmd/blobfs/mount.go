@@ -53,7 +53,7 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.StringVar(&c.azure.ClientID, "identity-client-id", c.azure.ClientID, "client id of a user-assigned managed identity (azuread)")
 	fl.StringVar(&c.fs.CacheDir, "cache-dir", "", "directory for spill files of files being written (default: a new directory under $TMPDIR)")
 	fl.Int64Var(&c.cacheMB, "block-cache-mb", 256, "memory for the read block cache and read-ahead, MiB")
-	fl.Int64Var(&c.readMB, "read-block-mb", 4, "size of one ranged read, MiB")
+	fl.Int64Var(&c.readMB, "read-block-mb", 8, "size of one ranged read, MiB")
 	fl.Int64Var(&c.uploadMB, "upload-block-mb", 8, "size of one staged upload block, MiB")
 	fl.IntVar(&c.fs.UploadConcurrency, "upload-concurrency", 8, "blocks uploaded in parallel per file")
 	fl.IntVar(&c.fs.MaxReadAheadBlocks, "readahead-blocks", 0, "maximum read-ahead window in blocks (default: a quarter of the cache, at most 32)")
@@ -277,8 +277,9 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 	}
 	defer fsys.Close()
 	// Keep the heap near what the caches are allowed, so that the process
-	// stays within its configured memory.
-	debug.SetMemoryLimit(fsys.Options().BlockCacheBytes + 256<<20)
+	// stays within its configured memory (the block cache plus request
+	// buffers and upload blocks in flight).
+	debug.SetMemoryLimit(fsys.Options().BlockCacheBytes + 48<<20)
 
 	mo := c.mount
 	mo.ReadOnly = opts.ReadOnly
