@@ -35,30 +35,7 @@ func (fs *FS) listDir(ctx context.Context, dirPath string) ([]string, map[string
 		if err != nil {
 			return nil, nil, err
 		}
-		for _, b := range page.Blobs {
-			name := strings.TrimPrefix(b.Name, prefix)
-			if checkName(name) != fuse.OK {
-				// Not representable as a file name (e.g. "a//b", or a
-				// marker "dir/" some tools write): skip, never mangle.
-				continue
-			}
-			e := entryFromAttrs(b)
-			if old, ok := entries[name]; ok && old.kind == kindDir {
-				continue // a prefix of the same name wins
-			}
-			entries[name] = e
-		}
-		for _, p := range page.Prefixes {
-			name := strings.TrimSuffix(strings.TrimPrefix(p, prefix), "/")
-			if checkName(name) != fuse.OK {
-				continue
-			}
-			e := dirEntry{kind: kindDir}
-			if old, ok := entries[name]; ok && old.kind == kindDir {
-				e.mtime = old.mtime // the marker's time
-			}
-			entries[name] = e
-		}
+		addPage(entries, prefix, page)
 		if page.NextMarker == "" {
 			break
 		}
@@ -72,6 +49,67 @@ func (fs *FS) listDir(ctx context.Context, dirPath string) ([]string, map[string
 	}
 	sort.Strings(names)
 	return names, entries, nil
+}
+
+// addPage adds one listing page's names to entries.
+func addPage(entries map[string]dirEntry, prefix string, page blobstore.ListPage) {
+	for _, b := range page.Blobs {
+		name := strings.TrimPrefix(b.Name, prefix)
+		if checkName(name) != fuse.OK {
+			// Not representable as a file name (e.g. "a//b", or a
+			// marker "dir/" some tools write): skip, never mangle.
+			continue
+		}
+		e := entryFromAttrs(b)
+		if old, ok := entries[name]; ok && old.kind == kindDir {
+			continue // a prefix of the same name wins
+		}
+		entries[name] = e
+	}
+	for _, p := range page.Prefixes {
+		name := strings.TrimSuffix(strings.TrimPrefix(p, prefix), "/")
+		if checkName(name) != fuse.OK {
+			continue
+		}
+		e := dirEntry{kind: kindDir}
+		if old, ok := entries[name]; ok && old.kind == kindDir {
+			e.mtime = old.mtime // the marker's time
+		}
+		entries[name] = e
+	}
+}
+
+// smallDirPage is the listing page size that a lookup spends to learn a
+// whole directory at once.
+const smallDirPage = 5000
+
+// warmListing lists a directory in one request when it fits one page, so
+// that the lookups of its names that follow (opening files by name, `cp`
+// into it, stat of many names) cost nothing more: one request for the
+// directory instead of a Stat and a List per name. It reports whether the
+// listing is now cached; a directory found larger is remembered and probed
+// name by name instead.
+func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
+	if fs.lists.ttl <= 0 || fs.lists.isLarge(dirPath) {
+		return false
+	}
+	prefix := ""
+	if dirPath != "" {
+		prefix = dirPath + "/"
+	}
+	page, err := fs.store.List(ctx, blobstore.ListOptions{Prefix: prefix, Delimiter: "/", MaxResults: smallDirPage})
+	if err != nil {
+		return false
+	}
+	if page.NextMarker != "" {
+		fs.lists.markLarge(dirPath)
+		return false
+	}
+	entries := map[string]dirEntry{}
+	addPage(entries, prefix, page)
+	fs.mergeLocal(dirPath, entries)
+	fs.lists.put(dirPath, entries)
+	return true
 }
 
 // mergeLocal adds the children of dirPath that exist only here: files

@@ -277,6 +277,9 @@ func (fs *FS) resolve(ctx context.Context, dir *node, dirPath, name string) (*no
 
 	path := joinPath(dirPath, name)
 	e, found, ok := fs.lists.lookup(dirPath, name)
+	if !ok && fs.warmListing(ctx, dirPath) {
+		e, found, ok = fs.lists.lookup(dirPath, name)
+	}
 	if ok && !found {
 		return nil, blobstore.ErrNotFound
 	}

@@ -23,6 +23,34 @@ type listCache struct {
 	mu    sync.Mutex
 	dirs  map[string]*listing // guarded by mu
 	total int                 // names in all listings; guarded by mu
+	// large remembers, for a while, directories too big to list for a
+	// single lookup; guarded by mu and bounded by maxLarge.
+	large map[string]time.Time
+}
+
+const (
+	maxLarge    = 10_000
+	largeMemory = time.Minute
+)
+
+func (c *listCache) markLarge(dir string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.large) >= maxLarge {
+		clear(c.large)
+	}
+	c.large[dir] = time.Now().Add(largeMemory)
+}
+
+func (c *listCache) isLarge(dir string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.large[dir]
+	if ok && time.Now().After(t) {
+		delete(c.large, dir)
+		return false
+	}
+	return ok
 }
 
 type listing struct {
@@ -41,7 +69,7 @@ type dirEntry struct {
 }
 
 func newListCache(ttl time.Duration, maxEntries int) *listCache {
-	return &listCache{ttl: ttl, maxEntries: maxEntries, dirs: map[string]*listing{}}
+	return &listCache{ttl: ttl, maxEntries: maxEntries, dirs: map[string]*listing{}, large: map[string]time.Time{}}
 }
 
 // put stores a complete listing of dir.

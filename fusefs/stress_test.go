@@ -444,3 +444,27 @@ func TestKernelReadAheadRaised(t *testing.T) {
 		t.Fatalf("read_ahead_kb = %s, want 4096", got)
 	}
 }
+
+// TestOpenByNameInSmallDirectory: opening many files of a small directory
+// by name costs one listing, not a probe per name.
+func TestOpenByNameInSmallDirectory(t *testing.T) {
+	mem := blobstore.NewMemory()
+	for i := range 200 {
+		putBlob(t, mem, fmt.Sprintf("d/f%03d", i), []byte(fmt.Sprint(i)), nil)
+	}
+	mnt, _ := mountStore(t, mem, Options{ListTimeout: time.Minute, AttrTimeout: time.Minute, EntryTimeout: time.Minute})
+	before := mem.Requests()
+	for i := range 200 {
+		if got := mustRead(t, join(mnt, "d", fmt.Sprintf("f%03d", i))); string(got) != fmt.Sprint(i) {
+			t.Fatalf("f%03d: %q", i, got)
+		}
+	}
+	after := mem.Requests()
+	meta := after[blobstore.OpStat] + after[blobstore.OpList] - before[blobstore.OpStat] - before[blobstore.OpList]
+	if meta > 4 {
+		t.Fatalf("200 opens by name cost %d stat/list requests: %v -> %v", meta, before, after)
+	}
+	if reads := after[blobstore.OpReadAt] - before[blobstore.OpReadAt]; reads != 200 {
+		t.Fatalf("200 small reads cost %d GETs", reads)
+	}
+}
