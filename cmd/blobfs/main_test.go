@@ -253,3 +253,37 @@ func cleanEnv() []string {
 	}
 	return env
 }
+
+// TestCreateContainer: --create-container makes a missing Azure container
+// and mounts it.
+func TestCreateContainer(t *testing.T) {
+	if os.Getenv(storetest.EnvAzurite) == "" {
+		t.Skip("needs Azurite (" + storetest.EnvAzurite + ")")
+	}
+	bin := blobfsBin(t)
+	cfg := storetest.AzuriteConfig(t)
+	cfg.Container += "-new" // does not exist yet
+	t.Cleanup(func() { blobstore.DeleteContainer(context.Background(), cfg) })
+	mp := t.TempDir()
+	cmd := exec.Command(bin, "mount", "--create-container", "--container", cfg.Container, "--endpoint", cfg.Endpoint,
+		"--auth-type", "key", "--log-file", filepath.Join(t.TempDir(), "log"), mp)
+	cmd.Env = append(cleanEnv(), "AZURE_STORAGE_ACCOUNT="+blobstore.AzuriteAccount, "AZURE_STORAGE_KEY="+cfg.Key)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { syscall.Unmount(mp, syscall.MNT_DETACH) })
+	if err := os.WriteFile(filepath.Join(mp, "f"), []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "unmount", mp).CombinedOutput(); err != nil {
+		t.Fatalf("unmount: %v\n%s", err, out)
+	}
+	store, err := blobstore.NewAzure(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 3)
+	if n, err := store.ReadAt(context.Background(), "f", buf, 0, ""); n != 3 || string(buf) != "new" {
+		t.Fatalf("blob in the new container: %q %v", buf[:n], err)
+	}
+}

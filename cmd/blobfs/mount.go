@@ -40,6 +40,7 @@ type mountConfig struct {
 	logFile   string
 	checkTime time.Duration
 	grace     time.Duration
+	create    bool
 }
 
 // registerMountFlags declares every mount flag; mount.blobfs -o options are
@@ -50,6 +51,7 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.StringVar(&c.azure.Account, "account", c.azure.Account, "Azure storage account (env AZURE_STORAGE_ACCOUNT)")
 	fl.StringVar(&c.azure.Endpoint, "endpoint", c.azure.Endpoint, "blob service URL, e.g. http://127.0.0.1:10000/devstoreaccount1 (env AZURE_STORAGE_BLOB_ENDPOINT)")
 	fl.StringVar(&c.azure.Auth, "auth-type", c.azure.Auth, "key, sas, connstr, anonymous or azuread (env AZURE_STORAGE_AUTH_TYPE); default: whichever credential is given")
+	fl.BoolVar(&c.create, "create-container", false, "create the Azure container if it does not exist")
 	fl.StringVar(&c.azure.ClientID, "identity-client-id", c.azure.ClientID, "client id of a user-assigned managed identity (azuread)")
 	fl.StringVar(&c.fs.CacheDir, "cache-dir", "", "directory for spill files of files being written (default: a new directory under $TMPDIR)")
 	fl.Int64Var(&c.cacheMB, "block-cache-mb", 256, "memory for the read block cache and read-ahead, MiB")
@@ -131,6 +133,14 @@ func (c *mountConfig) openStore(ctx context.Context) (blobstore.Store, string, e
 		}
 		if err := c.azure.Validate(); err != nil {
 			return nil, "", err
+		}
+		if c.create {
+			cctx, cancel := context.WithTimeout(ctx, c.checkTime)
+			err := blobstore.CreateContainer(cctx, c.azure, nil)
+			cancel()
+			if err != nil {
+				return nil, "", fmt.Errorf("create container: %w", err)
+			}
 		}
 		az, err := blobstore.NewAzure(c.azure)
 		if err != nil {
