@@ -203,12 +203,9 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolume
 	if old, ok := d.state.Get(v.volumeID); ok {
 		rec.Targets = old.Targets
 	}
-	if err := d.state.Put(rec); err != nil {
-		d.mounter.UnmountVolume(context.WithoutCancel(ctx), staging)
-		return nil, status.Errorf(codes.Internal, "%v", err)
+	if err := d.recordMounted(ctx, v, rec, staging); err != nil {
+		return nil, err
 	}
-	d.setCreds(v.volumeID, v.creds)
-	d.markHealthy(v.volumeID)
 	d.log.Info("volume staged", "volume", v.volumeID, "container", v.id.Container, "path", staging, "readOnly", v.readOnly)
 	return &csipb.NodeStageVolumeResponse{}, nil
 }
@@ -391,12 +388,9 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csipb.NodePublishVol
 	rec = v.record()
 	rec.Ephemeral = true
 	rec.Targets = map[string]TargetRecord{target: {ReadOnly: v.readOnly}}
-	if err := d.state.Put(rec); err != nil {
-		d.mounter.UnmountVolume(context.WithoutCancel(ctx), target)
-		return nil, status.Errorf(codes.Internal, "%v", err)
+	if err := d.recordMounted(ctx, v, rec, target); err != nil {
+		return nil, err
 	}
-	d.setCreds(v.volumeID, v.creds)
-	d.markHealthy(v.volumeID)
 	d.log.Info("inline volume published", "volume", v.volumeID, "container", v.id.Container, "target", target, "readOnly", v.readOnly)
 	return &csipb.NodePublishVolumeResponse{}, nil
 }
@@ -593,5 +587,18 @@ func (d *Driver) remount(ctx context.Context, rec VolumeRecord, path string, st 
 	}
 	d.markHealthy(rec.VolumeID)
 	d.log.Info("volume mounted again after its mount was lost", "volume", rec.VolumeID, "path", path)
+	return nil
+}
+
+// recordMounted persists the record of a volume just mounted at path (the
+// mount is undone if that fails: state and mounts must agree) and keeps its
+// credentials in memory for repairs.
+func (d *Driver) recordMounted(ctx context.Context, v nodeVolume, rec VolumeRecord, path string) error {
+	if err := d.state.Put(rec); err != nil {
+		d.mounter.UnmountVolume(context.WithoutCancel(ctx), path)
+		return status.Errorf(codes.Internal, "%v", err)
+	}
+	d.setCreds(v.volumeID, v.creds)
+	d.markHealthy(v.volumeID)
 	return nil
 }

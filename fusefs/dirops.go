@@ -5,7 +5,6 @@ import (
 	"sort"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -267,12 +266,4 @@ func (fs *FS) ReleaseDir(in *fuse.ReleaseIn) {
 
 func (fs *FS) FsyncDir(cancel <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
 	return fuse.OK // directory changes are synchronous
-}
-
-// dirMarkerTime is the time shown for directories without a marker.
-func (fs *FS) dirMarkerTime(e dirEntry) time.Time {
-	if e.mtime.IsZero() {
-		return fs.nodes.rootTime
-	}
-	return e.mtime
 }

@@ -84,7 +84,7 @@ func entryFromAttrs(a blobstore.Attrs) dirEntry {
 	return e
 }
 
-// copyMeta returns md without the keys that describe a former kind.
+// copyMeta returns a copy of md that the caller may change.
 func copyMeta(md map[string]string) map[string]string {
 	out := make(map[string]string, len(md))
 	for k, v := range md {

@@ -416,10 +416,8 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 	g.SetLimit(renameConcurrency)
 	for _, name := range names {
 		g.Go(func() error {
-			if _, err := fs.store.Copy(gctx, dstPath+strings.TrimPrefix(name, srcPath), name); err != nil {
-				return err
-			}
-			return nil
+			_, err := fs.store.Copy(gctx, dstPath+strings.TrimPrefix(name, srcPath), name)
+			return err
 		})
 	}
 	if hasMarker || len(names) == 0 {
