@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -34,6 +35,13 @@ import (
 // Hazard: the serving process must never touch its own mount from a reader
 // goroutine (stat, open...): the request would wait for a reader that is
 // busy waiting for it.
+//
+// Stopping: a mount handed to another process (a keeper's adopter) must
+// stop being read here between two requests, never in the middle of one:
+// a request read and not answered would wait for FUSE_NOTIFY_RESEND. So
+// /dev/fuse is non-blocking, and an idle reader waits in poll(2) on it and
+// on an eventfd that Stop signals; a busy reader finishes its request and
+// then sees the stop.
 type Session struct {
 	mountpoint string
 	fd         int
@@ -43,9 +51,14 @@ type Session struct {
 	// process adopting this mount replays into its own ProtocolServer.
 	initRequest []byte
 
+	// stopFD is an eventfd, readable once Stop was called.
+	stopFD   int
+	stopping atomic.Bool
+
 	readers sync.WaitGroup
 	mu      sync.Mutex
 	err     error // first fatal read error; guarded by mu
+	stopped bool  // the readers ended because of Stop; guarded by mu
 }
 
 // MountOptions configure the FUSE connection.
@@ -154,8 +167,12 @@ func Serve(mountpoint string, fd int, fs fuse.RawFileSystem, opts MountOptions) 
 	if saver, ok := fs.(interface{ SaveInit([]byte) error }); ok && opts.OnInit == nil {
 		opts.OnInit = saver.SaveInit
 	}
-	s := newSession(mountpoint, fd, fs, opts)
+	s, err := newSession(mountpoint, fd, fs, opts)
+	if err != nil {
+		return nil, err
+	}
 	if err := s.handshake(); err != nil {
+		s.closeStopFD()
 		return nil, err
 	}
 	for range opts.Readers {
@@ -205,15 +222,24 @@ func setReadAhead(mountpoint string, kb int) error {
 	return os.WriteFile(path, []byte(fmt.Sprint(kb)), 0)
 }
 
-func newSession(mp string, fd int, fs fuse.RawFileSystem, opts MountOptions) *Session {
-	s := &Session{mountpoint: mp, fd: fd, opts: opts}
+func newSession(mp string, fd int, fs fuse.RawFileSystem, opts MountOptions) (*Session, error) {
+	// O_NONBLOCK belongs to the open file, which every process holding a
+	// dup of the fd shares: all blobfs servers read it this way.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		return nil, fmt.Errorf("/dev/fuse non-blocking: %w", err)
+	}
+	stopFD, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	s := &Session{mountpoint: mp, fd: fd, opts: opts, stopFD: stopFD}
 	s.server = fuse.NewProtocolServer(fs, &fuse.MountOptions{
 		MaxWrite:      opts.MaxWrite,
 		MaxBackground: 64,
 		Debug:         opts.Debug,
 		Logger:        log.New(logWriter{opts.Logger}, "", 0),
 	})
-	return s
+	return s, nil
 }
 
 // Adopt serves a live mount whose previous server died or handed over: fd
@@ -231,10 +257,14 @@ func Adopt(mountpoint string, fd int, init []byte, fs fuse.RawFileSystem, opts M
 	if len(init) < 40+20 || leUint32(init[4:8]) != 26 {
 		return nil, errors.New("adopt: the saved INIT request is not one")
 	}
-	s := newSession(mountpoint, fd, fs, opts)
+	s, err := newSession(mountpoint, fd, fs, opts)
+	if err != nil {
+		return nil, err
+	}
 	s.initRequest = append([]byte(nil), init...)
 	scratch := make([]byte, 4096)
 	if _, st := s.server.HandleRequest([][]byte{append([]byte(nil), init...)}, [][]byte{scratch}); !st.Ok() {
+		s.closeStopFD()
 		return nil, fmt.Errorf("adopt: replay INIT: %v", st)
 	}
 	if kernelHasResend(init) {
@@ -291,8 +321,8 @@ func (s *Session) handshake() error {
 	in := make([]byte, s.opts.MaxWrite+requestSlack)
 	out := make([]byte, s.opts.MaxWrite+requestSlack)
 	for {
-		n, err := syscall.Read(s.fd, in)
-		if err == syscall.EINTR {
+		n, err := s.readRequest(in)
+		if err == syscall.EINTR || err == syscall.ENOENT {
 			continue
 		}
 		if err != nil {
@@ -346,14 +376,14 @@ func (s *Session) serve() {
 	in := make([]byte, s.opts.MaxWrite+requestSlack)
 	out := make([]byte, s.opts.MaxWrite+requestSlack)
 	for {
-		n, err := syscall.Read(s.fd, in)
+		n, err := s.readRequest(in)
 		switch err {
 		case nil:
-		case syscall.EINTR, syscall.EAGAIN, syscall.ENOENT:
+		case syscall.EINTR, syscall.ENOENT:
 			// ENOENT: the request we were about to read was interrupted.
 			continue
-		case syscall.ENODEV:
-			return // unmounted
+		case syscall.ENODEV, errStopped:
+			return // unmounted, or handed to another process
 		default:
 			s.fail(fmt.Errorf("read /dev/fuse: %w", err))
 			return
@@ -364,6 +394,69 @@ func (s *Session) serve() {
 			}
 			s.opts.Logger.Warn("fuse reply failed", "err", err)
 		}
+	}
+}
+
+// errStopped tells a reader that Stop was called.
+var errStopped = errors.New("session stopped")
+
+// readRequest reads one request, waiting in poll(2) while there is none.
+// It returns errStopped, without reading, once Stop was called.
+func (s *Session) readRequest(buf []byte) (int, error) {
+	pfds := []unix.PollFd{
+		{Fd: int32(s.fd), Events: unix.POLLIN},
+		{Fd: int32(s.stopFD), Events: unix.POLLIN},
+	}
+	for {
+		if s.stopping.Load() {
+			return 0, errStopped
+		}
+		n, err := syscall.Read(s.fd, buf)
+		if err != syscall.EAGAIN {
+			return n, err
+		}
+		if _, err := unix.Poll(pfds, -1); err != nil && err != unix.EINTR {
+			return 0, fmt.Errorf("poll /dev/fuse: %w", err)
+		}
+		if pfds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 && pfds[0].Revents&unix.POLLIN == 0 {
+			// The connection is gone (unmounted and aborted); the read
+			// says how.
+			if n, err := syscall.Read(s.fd, buf); err != syscall.EAGAIN {
+				return n, err
+			}
+			return 0, syscall.ENODEV
+		}
+	}
+}
+
+// Stop makes the readers stop between requests: every request already read
+// is answered, no other is read. It returns once they have stopped; the
+// mount stays alive for whoever else holds its fd (a keeper, an adopter),
+// and Wait returns nil. Used to hand a live mount to another process.
+func (s *Session) Stop() {
+	if s.stopping.CompareAndSwap(false, true) {
+		s.mu.Lock()
+		s.stopped = true
+		s.mu.Unlock()
+		var one [8]byte
+		one[0] = 1
+		unix.Write(s.stopFD, one[:])
+	}
+	s.readers.Wait()
+}
+
+// Stopped tells whether the session ended through Stop rather than an
+// unmount.
+func (s *Session) Stopped() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopped
+}
+
+func (s *Session) closeStopFD() {
+	if s.stopFD >= 0 {
+		unix.Close(s.stopFD)
+		s.stopFD = -1
 	}
 }
 
@@ -381,8 +474,11 @@ func (s *Session) Wait() error {
 	s.readers.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	syscall.Close(s.fd)
-	s.fd = -1
+	if s.fd >= 0 {
+		syscall.Close(s.fd)
+		s.fd = -1
+		s.closeStopFD()
+	}
 	return s.err
 }
 
