@@ -65,6 +65,15 @@ type Config struct {
 	// HealthInterval is how often the node checks its mounts and repairs
 	// dead ones. Default 30s; negative turns the check off.
 	HealthInterval time.Duration
+	// KeeperSocket, when set, is the socket of a `blobfs keeper` that
+	// holds the node's mounts across restarts of the driver: they are
+	// handed to it as they are made and adopted back at start-up. Only
+	// with the default (in-process) Mounter.
+	KeeperSocket string
+	// AdoptTimeout bounds the adoption of the keeper's mounts at start-up
+	// (the keeper must answer, and a running driver release them).
+	// Default 3 minutes.
+	AdoptTimeout time.Duration
 
 	// Mounter puts volumes in place. Default: blobfs in this process.
 	Mounter Mounter
@@ -223,7 +232,19 @@ func New(cfg Config) (*Driver, error) {
 			cfg.State = st
 		}
 		if cfg.Mounter == nil {
-			cfg.Mounter = NewBlobfsMounter(cfg.Logger, cfg.Metrics)
+			bm := NewBlobfsMounter(cfg.Logger, cfg.Metrics)
+			if cfg.KeeperSocket != "" {
+				if !filepath.IsAbs(cfg.KeeperSocket) {
+					return nil, fmt.Errorf("keeper socket %q is not an absolute path", cfg.KeeperSocket)
+				}
+				bm.UseKeeper(cfg.KeeperSocket)
+			}
+			cfg.Mounter = bm
+		} else if cfg.KeeperSocket != "" {
+			return nil, errors.New("a keeper socket works only with the in-process mounter")
+		}
+		if cfg.AdoptTimeout <= 0 {
+			cfg.AdoptTimeout = 3 * time.Minute
 		}
 		d.state, d.mounter = cfg.State, cfg.Mounter
 		d.metrics.setMountsFunc(d.mountCounts)
@@ -247,6 +268,11 @@ func parseEndpoint(ep string) (string, error) {
 // Run listens on the endpoint, recovers the node's volumes, serves until
 // ctx ends, then stops gracefully and uploads the mounts' dirty data.
 func (d *Driver) Run(ctx context.Context) error {
+	// Take the live mounts back from the keeper before anything else: no
+	// request of kubelet's may find a volume half adopted.
+	if d.cfg.Node {
+		d.adoptMounts(ctx)
+	}
 	if err := os.MkdirAll(filepath.Dir(d.socketPath), 0o750); err != nil {
 		return fmt.Errorf("socket directory: %w", err)
 	}
@@ -324,9 +350,9 @@ func (d *Driver) Run(ctx context.Context) error {
 	if metricsSrv != nil {
 		metricsSrv.Close()
 	}
-	if s, ok := d.mounter.(interface{ SyncAll(context.Context) error }); ok {
+	if s, ok := d.mounter.(interface{ Shutdown(context.Context) error }); ok {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		if err := s.SyncAll(sctx); err != nil {
+		if err := s.Shutdown(sctx); err != nil {
 			d.log.Error("upload of dirty data at shutdown failed; data kept in the cache directory", "err", err)
 		}
 		cancel()

@@ -85,6 +85,9 @@ type BlobfsMounter struct {
 	log          *slog.Logger
 	metrics      *Metrics
 	checkTimeout time.Duration
+	// keeper, if set (UseKeeper), holds every mount's fds so that the
+	// mounts outlive this process; see keeper.go.
+	keeper *fusefs.KeeperClient
 
 	mu     sync.Mutex
 	mounts map[string]*liveMount
@@ -97,7 +100,9 @@ var _ Mounter = (*BlobfsMounter)(nil)
 type liveMount struct {
 	fs   *fusefs.FS
 	sess *fusefs.Session
-	done chan struct{}
+	// state is the mount's state region (nil without a keeper).
+	state *os.File
+	done  chan struct{}
 }
 
 // NewBlobfsMounter returns the in-process mounter. metrics may be nil.
@@ -115,28 +120,58 @@ func (m *BlobfsMounter) MountVolume(ctx context.Context, target string, spec Mou
 	if busy {
 		return fmt.Errorf("%s is already served by this driver", target)
 	}
-	az, err := blobstore.NewAzure(spec.Azure)
+	store, err := m.openStore(spec)
 	if err != nil {
 		return err
 	}
-	var store blobstore.Store = az
-	if m.metrics != nil {
-		store = m.metrics.instrumentStore(store)
-	}
-	store = blobstore.NewRetrying(store, spec.Retry)
 	cctx, cancel := context.WithTimeout(ctx, m.checkTimeout)
 	err = store.Check(cctx)
 	cancel()
 	if err != nil {
 		return err
 	}
+	var state *os.File
+	if m.keeper != nil {
+		if state, err = fusefs.NewState(); err != nil {
+			return err
+		}
+	}
+	lm, err := m.serve(target, -1, state, store, spec)
+	if err != nil {
+		if state != nil {
+			state.Close()
+		}
+		return err
+	}
+	if m.keeper != nil {
+		m.hold(target, lm, spec)
+	}
+	return nil
+}
+
+func (m *BlobfsMounter) openStore(spec MountSpec) (blobstore.Store, error) {
+	az, err := blobstore.NewAzure(spec.Azure)
+	if err != nil {
+		return nil, err
+	}
+	var store blobstore.Store = az
+	if m.metrics != nil {
+		store = m.metrics.instrumentStore(store)
+	}
+	return blobstore.NewRetrying(store, spec.Retry), nil
+}
+
+// serve mounts spec at target and serves it (fuseFD < 0), or serves the
+// live mount on fuseFD whose state region is state (adoption).
+func (m *BlobfsMounter) serve(target string, fuseFD int, state *os.File, store blobstore.Store, spec MountSpec) (*liveMount, error) {
 	opts := spec.FS
 	if opts.Logger == nil {
 		opts.Logger = m.log.With("volume", spec.VolumeID)
 	}
+	opts.State = state
 	fsys, err := fusefs.New(store, opts)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	mo := spec.Mount
 	mo.ReadOnly = mo.ReadOnly || opts.ReadOnly
@@ -151,35 +186,54 @@ func (m *BlobfsMounter) MountVolume(ctx context.Context, target string, spec Mou
 		served = instrumentedFS{FS: fsys, m: m.metrics}
 		m.metrics.trackFS(fsys)
 	}
-	sess, err := fusefs.Mount(target, served, mo)
+	var sess *fusefs.Session
+	if fuseFD < 0 {
+		sess, err = fusefs.Mount(target, served, mo)
+	} else {
+		sess, err = fusefs.Serve(target, fuseFD, served, mo)
+	}
 	if err != nil {
 		if m.metrics != nil {
 			m.metrics.untrackFS(fsys)
 		}
 		fsys.Close()
-		return err
+		return nil, err
 	}
-	lm := &liveMount{fs: fsys, sess: sess, done: make(chan struct{})}
+	lm := &liveMount{fs: fsys, sess: sess, state: state, done: make(chan struct{})}
 	m.mu.Lock()
 	m.mounts[target] = lm
 	m.mu.Unlock()
 	go m.watch(target, lm)
-	return nil
+	return lm, nil
 }
 
 // watch waits for a mount to end, however it ends (UnmountVolume, an
 // unmount from outside), then uploads what is left and closes the
 // filesystem.
+//
+// A session stopped to hand the mount to another process (released) is not
+// synced: its dirty files' spill data passes, through the state region, to
+// the process that adopts it, and uploading here would race with it.
 func (m *BlobfsMounter) watch(target string, lm *liveMount) {
 	if err := lm.sess.Wait(); err != nil {
 		m.log.Warn("blobfs session ended with an error", "mountpoint", target, "err", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	if err := lm.fs.Sync(ctx); err != nil {
-		m.log.Error("upload after unmount failed; data kept in the cache directory", "mountpoint", target, "err", err)
+	if !lm.sess.Stopped() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		if err := lm.fs.Sync(ctx); err != nil {
+			m.log.Error("upload after unmount failed; data kept in the cache directory", "mountpoint", target, "err", err)
+		}
+		cancel()
+		if m.keeper != nil {
+			if err := m.keeper.Drop(target); err != nil {
+				m.log.Warn("keeper: drop", "mountpoint", target, "err", err)
+			}
+		}
 	}
-	cancel()
 	lm.fs.Close()
+	if lm.state != nil {
+		lm.state.Close()
+	}
 	if m.metrics != nil {
 		m.metrics.untrackFS(lm.fs)
 	}
@@ -320,6 +374,9 @@ func isMountPoint(path string) (bool, error) {
 // SyncAll uploads the dirty data of every mount served here: on shutdown,
 // before the mounts lose their server.
 func (m *BlobfsMounter) SyncAll(ctx context.Context) error {
+	if m.keeper != nil && m.keeper.Released() {
+		return nil // another process serves them now
+	}
 	m.mu.Lock()
 	var live []*liveMount
 	for _, lm := range m.mounts {

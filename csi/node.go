@@ -303,7 +303,11 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is not staged at %s: call NodeStageVolume first", id, staging)
 	default:
 		// Staged once, but the mount is gone (the process that served it
-		// died): mount it again if its credentials can be had.
+		// died): mount it again if its credentials can be had; secrets
+		// in this request (a node-publish secret) serve as well.
+		if c, err := parseSecrets(req.GetSecrets(), "secrets"); err == nil && !c.empty() {
+			d.setCreds(id, c)
+		}
 		if err := d.remount(ctx, rec, staging, st); err != nil {
 			return nil, err
 		}

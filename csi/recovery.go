@@ -19,6 +19,33 @@ import (
 // until kubelet stages them again. Keeping mounts alive across restarts
 // (a keeper process holding /dev/fuse) builds on this.
 
+// adoptMounts takes the node's live mounts back from the keeper, if there
+// is one, and remembers their credentials for later repairs. What cannot
+// be adopted is repaired by recover.
+func (d *Driver) adoptMounts(ctx context.Context) {
+	a, ok := d.mounter.(interface {
+		AdoptMounts(context.Context) ([]AdoptedMount, error)
+	})
+	if !ok {
+		return
+	}
+	start := time.Now()
+	actx, cancel := context.WithTimeout(ctx, d.cfg.AdoptTimeout)
+	defer cancel()
+	adopted, err := a.AdoptMounts(actx)
+	if err != nil {
+		d.log.Error("could not take the mounts back from the keeper; dead ones will be mounted again", "err", err)
+		return
+	}
+	for _, am := range adopted {
+		c := am.Spec.Azure
+		d.setCreds(am.Spec.VolumeID, credentials{Account: c.Account, Key: c.Key, SASToken: c.SASToken, ConnString: c.ConnectionString})
+	}
+	if len(adopted) > 0 {
+		d.log.Info("adopted the live mounts", "mounts", len(adopted), "took", time.Since(start).Round(time.Millisecond))
+	}
+}
+
 // recover runs once at start-up, before Probe reports ready.
 func (d *Driver) recover(ctx context.Context) {
 	recs := d.state.List()

@@ -45,13 +45,13 @@ type Options struct {
 	Umask    uint32
 
 	// Logger receives operational messages. Default: slog.Default().
-	Logger *slog.Logger
+	Logger *slog.Logger `json:"-"`
 
 	// State is the state region (see NewState) that lets another process
 	// adopt this mount. If it holds the state of a previous process, New
 	// rebuilds the tables from it and AdoptInit returns the mount's INIT
 	// request. Nil: the mount dies with its process.
-	State *os.File
+	State *os.File `json:"-"`
 }
 
 const (

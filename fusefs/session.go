@@ -81,10 +81,10 @@ type MountOptions struct {
 	ReadAheadKB int
 	// Debug logs every request and reply through Logger.
 	Debug  bool
-	Logger *slog.Logger
+	Logger *slog.Logger `json:"-"`
 	// OnInit, if set, receives the kernel's INIT request before it is
 	// answered (FS.SaveInit keeps it in the state region for adoption).
-	OnInit func(init []byte) error
+	OnInit func(init []byte) error `json:"-"`
 }
 
 const (

@@ -37,6 +37,7 @@ func registerCSIFlags(fl *flag.FlagSet, f *csiFlags) {
 	fl.StringVar(&f.cfg.StateDir, "state-dir", "", "node state directory (default KUBELET_DIR/plugins/DRIVER_NAME/state)")
 	fl.StringVar(&f.cfg.CacheDir, "cache-dir", csi.DefaultCacheDir, "spill files of files being written, one subdirectory per volume; on the node's disk")
 	fl.StringVar(&f.cfg.MetricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, e.g. :9809 (default: off)")
+	fl.StringVar(&f.cfg.KeeperSocket, "keeper-socket", "", "socket of a `blobfs keeper` that holds the mounts across restarts of this driver (default: none; mounts die with the driver and are mounted again at start-up)")
 	fl.DurationVar(&f.cfg.HealthInterval, "health-interval", 30*time.Second, "how often the node checks its mounts and repairs dead ones (0 disables)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 }

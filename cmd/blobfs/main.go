@@ -40,6 +40,7 @@ const usage = `usage:
   blobfs mount [flags] MOUNTPOINT     mount a container (see blobfs mount --help)
   blobfs unmount [-z] MOUNTPOINT      unmount; -z detaches a busy mount lazily
   blobfs csi [flags]                  the Kubernetes CSI driver (see blobfs csi --help)
+  blobfs keeper --socket PATH         hold the driver's FUSE mounts across its restarts
   blobfs --version
   mount.blobfs SOURCE MOUNTPOINT [-o OPTIONS]   (as called by mount(8) and fstab)`
 
@@ -57,6 +58,8 @@ func run(args []string) error {
 		return runUnmount(args[2:])
 	case "csi":
 		return runCSI(args[2:])
+	case "keeper":
+		return runKeeper(args[2:])
 	case "--version", "-version", "version":
 		fmt.Println("blobfs", version)
 		return nil

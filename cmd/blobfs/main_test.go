@@ -63,6 +63,9 @@ func blobfsBin(t *testing.T) string {
 }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(appEnv) != "" {
+		os.Exit(runTestApp())
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)

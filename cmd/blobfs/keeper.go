@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/blobfs/blobfs/fusefs"
+)
+
+// runKeeper is `blobfs keeper`: the process that holds the driver's FUSE
+// connections while the driver restarts (fusefs/keeper.go). It runs as a
+// container of its own in the node pod, so that a crash or an update of
+// the driver's container leaves it alive.
+func runKeeper(args []string) error {
+	fl := flag.NewFlagSet("keeper", flag.ContinueOnError)
+	socket := fl.String("socket", "", "unix socket to listen on, e.g. /var/lib/kubelet/plugins/blob.csi.blobfs.io/keeper.sock (required; the driver's --keeper-socket)")
+	logLevel := fl.String("log-level", "info", "debug, info, warn or error")
+	fl.Usage = func() {
+		fmt.Fprintln(fl.Output(), "usage: blobfs keeper --socket PATH   (holds the CSI driver's FUSE mounts across its restarts)")
+		fl.PrintDefaults()
+	}
+	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return usageError{err}
+	}
+	if fl.NArg() != 0 {
+		return usageError{fmt.Errorf("keeper takes no arguments, got %q", fl.Args())}
+	}
+	if *socket == "" {
+		return usageError{errors.New("keeper needs --socket")}
+	}
+	logger, err := newLogger(*logLevel, "", os.Stderr)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return fusefs.NewKeeper(*socket, logger).Run(ctx)
+}
