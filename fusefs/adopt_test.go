@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -98,6 +99,12 @@ func launcher() error {
 		server *exec.Cmd
 		exited chan struct{} // closed when server has exited
 	)
+	// One *os.File each for the whole run: os.NewFile's finalizer closes
+	// the descriptor when the File is collected, and a later pipe would
+	// then take its number.
+	fuseFile, stateFile := os.NewFile(3, "fuse"), os.NewFile(4, "state")
+	defer runtime.KeepAlive(fuseFile)
+	defer runtime.KeepAlive(stateFile)
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		words := strings.Fields(in.Text())
@@ -109,7 +116,7 @@ func launcher() error {
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
 			cmd.Env = append(os.Environ(), "BLOBFS_TEST_LAUNCHER=", "BLOBFS_TEST_SERVE=1")
 			cmd.Env = append(cmd.Env, words[1:]...)
-			cmd.ExtraFiles = []*os.File{os.NewFile(3, "fuse"), os.NewFile(4, "state")}
+			cmd.ExtraFiles = []*os.File{fuseFile, stateFile}
 			cmd.Stderr = os.Stderr
 			out, err := cmd.StdoutPipe()
 			if err != nil {

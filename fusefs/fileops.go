@@ -281,6 +281,7 @@ func (fs *FS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out
 		fs.dropIntent(intent)
 		return toStatus(err)
 	}
+	fs.crashPoint("create", "store", name) // the spill file exists, the handle not yet
 	fs.lists.set(dirPath, name, dirEntry{kind: kindFile, mtime: time.Now(), pending: true})
 
 	fs.mu.Lock()
