@@ -53,6 +53,11 @@ const (
 	// MetaMtime overrides Last-Modified as the file's modification time
 	// (set by utimes/touch): decimal Unix nanoseconds.
 	MetaMtime = "blobfs_mtime"
+	// MetaCommit names the blobfs commit that wrote the blob (a random
+	// nonce). A writer whose answer from the store was lost (a timeout, or
+	// its process was killed) recognises its own commit by it when the
+	// retry's ETag condition fails.
+	MetaCommit = "blobfs_commit"
 )
 
 // Attrs describes one blob.

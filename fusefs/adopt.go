@@ -20,15 +20,27 @@ func NewState() (*os.File, error) {
 	return r.f, nil
 }
 
-// journalFile records n's spill file state (path "" once there is none).
-// Callers may hold the openFile's mu (the lock order allows FS.mu after it).
-func (fs *FS) journalFile(n *node, spillPath, baseETag string, dirty, exclusive bool) {
+// journalSpillRemoval records that n's spill file at spillPath is about to
+// be removed: a successor removes it if this process dies before it does.
+func (fs *FS) journalSpillRemoval(n *node, spillPath string) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if fs.nodes.state == nil {
 		return
 	}
-	rec := fileRecord(nil, n.id, spillPath, baseETag, dirty, exclusive)
+	n.fileRecord = nil
+	fs.nodes.state.append(fileRecord(spillRemovedRecord(nil, spillPath), n.id, "", "", false, false, ""))
+}
+
+// journalFile records n's spill file state (path "" once there is none).
+// Callers may hold the openFile's mu (the lock order allows FS.mu after it).
+func (fs *FS) journalFile(n *node, spillPath, baseETag string, dirty, exclusive bool, commitNonce string) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.nodes.state == nil {
+		return
+	}
+	rec := fileRecord(nil, n.id, spillPath, baseETag, dirty, exclusive, commitNonce)
 	if spillPath == "" {
 		n.fileRecord = nil
 	} else {
@@ -37,12 +49,12 @@ func (fs *FS) journalFile(n *node, spillPath, baseETag string, dirty, exclusive 
 	fs.nodes.state.append(rec)
 }
 
-// handleRecords adds the handle table to a checkpoint.
-func (fs *FS) handleRecords(dst []byte) []byte {
+// tableRecords adds the handle table and the intents to a checkpoint.
+func (fs *FS) tableRecords(dst []byte) []byte {
 	for _, h := range fs.handles {
 		dst = handleRecord(dst, h)
 	}
-	return dst
+	return fs.intents.records(dst)
 }
 
 // attachState journals into the region in opts.State, first rebuilding the
@@ -53,7 +65,7 @@ func (fs *FS) attachState(f *os.File) error {
 		return err
 	}
 	fs.nodes.state = region
-	fs.nodes.onCheckpoint = fs.handleRecords
+	fs.nodes.onCheckpoint = fs.tableRecords
 	if len(saved.init) == 0 {
 		return nil // a fresh region
 	}
@@ -68,6 +80,7 @@ func (fs *FS) restore(saved *savedState) error {
 	state := t.state
 	t.state = nil // replaying, not journaling
 	defer func() { t.state = state }()
+	fs.intents = saved.intents
 
 	for id, sn := range saved.nodes {
 		if id == fuse.FUSE_ROOT_ID {
@@ -96,6 +109,19 @@ func (fs *FS) restore(saved *savedState) error {
 	t.nextID = max(t.nextID, saved.nextID)
 	fs.nextHandle = max(fs.nextHandle, saved.nextHandle)
 
+	// Spill files whose removal a dead process journaled and perhaps did
+	// not get to.
+	live := map[string]bool{}
+	for _, sf := range saved.files {
+		live[sf.spillPath] = true
+	}
+	for _, path := range saved.removedSpills {
+		if !live[path] {
+			if err := os.Remove(path); err == nil {
+				fs.log.Debug("state: removed a spill file its process did not get to", "spill", path)
+			}
+		}
+	}
 	for id, sf := range saved.files {
 		n := t.byID[id]
 		if n == nil {
@@ -113,7 +139,7 @@ func (fs *FS) restore(saved *savedState) error {
 			f.Close()
 			return fmt.Errorf("spill %s: %w", sf.spillPath, err)
 		}
-		of := &openFile{fs: fs, n: n, spill: f, spillPath: sf.spillPath, baseETag: sf.baseETag, exclusive: sf.exclusive}
+		of := &openFile{fs: fs, n: n, spill: f, spillPath: sf.spillPath, baseETag: sf.baseETag, exclusive: sf.exclusive, commitNonce: sf.commitNonce}
 		of.setSizeLocked(st.Size())
 		of.hasSpill.Store(true)
 		if sf.dirty {
@@ -123,7 +149,7 @@ func (fs *FS) restore(saved *savedState) error {
 			}
 		}
 		n.file = of
-		n.fileRecord = fileRecord(nil, id, sf.spillPath, sf.baseETag, sf.dirty, sf.exclusive)
+		n.fileRecord = fileRecord(nil, id, sf.spillPath, sf.baseETag, sf.dirty, sf.exclusive, sf.commitNonce)
 	}
 	for fh, sh := range saved.handles {
 		n := t.byID[sh.node]
@@ -141,16 +167,30 @@ func (fs *FS) restore(saved *savedState) error {
 		fs.handles[fh] = h
 	}
 	// Files whose last handle was released while their upload was failing
-	// are retried here, as the previous process did.
+	// are retried here, as the previous process did. A file left by a
+	// create that never completed was never written: no application got
+	// a handle to it. Uploading it would make an empty blob that the
+	// resent create, if it is O_EXCL, would then find in its way.
+	var retry, unused []*openFile
 	for _, n := range t.byID {
 		if of := n.file; of != nil && of.refs == 0 {
-			if of.dirty() {
-				fs.retryCommitSoon(of)
+			if of.dirty() && !(of.size == 0 && fs.unfinishedCreate(n)) {
+				retry = append(retry, of)
 			} else {
 				n.file = nil
-				of.close()
+				unused = append(unused, of)
 			}
 		}
+	}
+	t.state = state // what follows is journaled
+	for _, of := range retry {
+		fs.retryCommitSoon(of)
+	}
+	for _, of := range unused {
+		of.close()
+		fs.mu.Lock()
+		t.maybeDrop(of.n)
+		fs.mu.Unlock()
 	}
 	fs.log.Info("state restored", "nodes", len(t.byID), "handles", len(fs.handles), "open files", len(saved.files))
 	return nil

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,6 +59,16 @@ func serveChild() error {
 	if err != nil {
 		return err
 	}
+	// BLOBFS_TEST_CRASH names a crash point (FS.crashPoint) where this
+	// process kills itself: after the store changed and before the reply,
+	// for instance.
+	if where := os.Getenv("BLOBFS_TEST_CRASH"); where != "" {
+		fsys.crashHook = func(at string) {
+			if at == where {
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
+		}
+	}
 	sess, err := Serve(os.Getenv("BLOBFS_TEST_MOUNT"), 3, fsys, MountOptions{Logger: childLogger()})
 	if err != nil {
 		return err
@@ -75,21 +86,37 @@ func childLogger() *slog.Logger {
 }
 
 // launcher holds the mount's descriptor and state region (fds 3 and 4) and
-// starts and kills serving processes on command ("start", "kill" on stdin;
-// it answers "ok" or an error line). It is what a keeper does, minus the
-// socket. It must be a process of its own that never opens a file on the
-// mount: fork+exec closes the parent's descriptors in the child, and closing
-// a FUSE file sends FLUSH, which waits for a server, so a client process
-// cannot start the server its own open files wait for.
+// starts and kills serving processes on command (on stdin: "start", with
+// extra environment variables as further words; "kill"; "wait" for the
+// serving process to exit by itself; it answers "ok" or an error line). It
+// is what a keeper does, minus the socket. It must be a process of its own
+// that never opens a file on the mount: fork+exec closes the parent's
+// descriptors in the child, and closing a FUSE file sends FLUSH, which
+// waits for a server, so a client process cannot start the server its own
+// open files wait for.
 func launcher() error {
-	var server *exec.Cmd
+	var (
+		server *exec.Cmd
+		exited chan struct{} // closed when server has exited
+	)
+	// One *os.File each for the whole run: os.NewFile's finalizer closes
+	// the descriptor when the File is collected, and a later pipe would
+	// then take its number.
+	fuseFile, stateFile := os.NewFile(3, "fuse"), os.NewFile(4, "state")
+	defer runtime.KeepAlive(fuseFile)
+	defer runtime.KeepAlive(stateFile)
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
-		switch in.Text() {
+		words := strings.Fields(in.Text())
+		if len(words) == 0 {
+			continue
+		}
+		switch words[0] {
 		case "start":
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
 			cmd.Env = append(os.Environ(), "BLOBFS_TEST_LAUNCHER=", "BLOBFS_TEST_SERVE=1")
-			cmd.ExtraFiles = []*os.File{os.NewFile(3, "fuse"), os.NewFile(4, "state")}
+			cmd.Env = append(cmd.Env, words[1:]...)
+			cmd.ExtraFiles = []*os.File{fuseFile, stateFile}
 			cmd.Stderr = os.Stderr
 			out, err := cmd.StdoutPipe()
 			if err != nil {
@@ -107,19 +134,36 @@ func launcher() error {
 				continue
 			}
 			server = cmd
+			exited = make(chan struct{})
+			go func(done chan struct{}) {
+				cmd.Wait()
+				close(done)
+			}(exited)
 			fmt.Println("ok")
 		case "kill":
 			if server != nil {
 				server.Process.Signal(syscall.SIGKILL)
-				server.Wait()
+				<-exited
 				server = nil
 			}
 			fmt.Println("ok")
+		case "wait":
+			if server == nil {
+				fmt.Println("error no serving process")
+				continue
+			}
+			select {
+			case <-exited:
+				server = nil
+				fmt.Println("ok")
+			case <-time.After(time.Minute):
+				fmt.Println("error the serving process did not exit within a minute")
+			}
 		}
 	}
 	if server != nil {
 		server.Process.Kill()
-		server.Wait()
+		<-exited
 	}
 	return in.Err()
 }
@@ -186,8 +230,19 @@ func (h *restartHarness) command(c string) {
 	}
 }
 
-// start runs a serving process and waits until it serves.
-func (h *restartHarness) start() { h.command("start") }
+// start runs a serving process, with extra environment variables, and
+// waits until it serves.
+func (h *restartHarness) start(env ...string) {
+	h.t.Helper()
+	h.command(strings.Join(append([]string{"start"}, env...), " "))
+}
+
+// waitExit waits (up to a minute) for the serving process to exit by
+// itself, as one started with BLOBFS_TEST_CRASH does.
+func (h *restartHarness) waitExit() {
+	h.t.Helper()
+	h.command("wait")
+}
 
 // kill SIGKILLs the serving process.
 func (h *restartHarness) kill() { h.command("kill") }

@@ -97,11 +97,19 @@ func (fs *FS) releaseFile(of *openFile) {
 	drop := of.refs == 0
 	if drop {
 		of.n.file = nil
-		fs.nodes.maybeDrop(of.n)
 	}
 	fs.mu.Unlock()
 	if drop {
+		// The spill file's removal is journaled before the node's drop,
+		// whose record would otherwise take the spill file's record
+		// with it: a process killed in between would leave the spill
+		// file behind, unknown to its successor.
 		of.close()
+		fs.mu.Lock()
+		if of.n.file == nil {
+			fs.nodes.maybeDrop(of.n)
+		}
+		fs.mu.Unlock()
 	}
 }
 
@@ -233,6 +241,24 @@ func (fs *FS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out
 	}
 	ctx, cf := fs.reqContext(cancel)
 	defer cf()
+	fs.crashPoint("create", "begin", name)
+	if resent, ok := fs.resentIntent(&in.InHeader, dir.id, 0, name, ""); ok && resent.done {
+		// The first run completed: answer with the node and handle its
+		// reply carried, both journaled (and counted) already.
+		fs.mu.Lock()
+		h, n := fs.handles[resent.fh], fs.nodes.child(dir.id, name)
+		if h != nil && n != nil && h.n == n && n.id == resent.node {
+			fs.fillEntry(n, &out.EntryOut)
+			out.Fh = h.id
+			fs.mu.Unlock()
+			return fuse.OK
+		}
+		fs.mu.Unlock()
+	}
+	// Creating a file touches no store; the intent tells a successor
+	// that this node's spill file was never handed out (restore) and,
+	// once complete, which node and handle the reply carries.
+	intent := fs.beginIntent(&in.InHeader, dir.id, 0, name, "")
 
 	fs.mu.Lock()
 	n := fs.nodes.bind(dir.id, name, kindFile)
@@ -245,21 +271,29 @@ func (fs *FS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out
 	path := joinPath(dirPath, name)
 	of.streamName.Store(&path)
 
-	if err := of.truncate(ctx, 0); err != nil {
-		fs.releaseFile(of)
-		return toStatus(err)
-	}
+	// Exclusive before the spill file exists, so that its journal
+	// record says so: a successor's commit must be exclusive too.
 	of.mu.Lock()
 	of.exclusive = in.Flags&syscall.O_EXCL != 0
 	of.mu.Unlock()
+	if err := of.truncate(ctx, 0); err != nil {
+		fs.releaseFile(of)
+		fs.dropIntent(intent)
+		return toStatus(err)
+	}
+	fs.crashPoint("create", "store", name) // the spill file exists, the handle not yet
 	fs.lists.set(dirPath, name, dirEntry{kind: kindFile, mtime: time.Now(), pending: true})
 
 	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	fs.nodes.ref(n)
-	fs.fillEntry(n, &out.EntryOut)
-	h := fs.newHandleLocked(n, of, true)
-	out.Fh = h.id
+	fs.batchLocked(func() {
+		fs.nodes.ref(n)
+		fs.fillEntry(n, &out.EntryOut)
+		h := fs.newHandleLocked(n, of, true)
+		out.Fh = h.id
+		fs.completeIntentLocked(intent, n.id, h.id)
+	})
+	fs.mu.Unlock()
+	fs.crashPoint("create", "reply", name)
 	return fuse.OK
 }
 

@@ -44,11 +44,15 @@ type FS struct {
 	// adoptInit is the INIT request of a mount restored from a state
 	// region: the mount is live and must be adopted, not mounted.
 	adoptInit []byte
+	// crashHook, set by tests only, is called at the crash points of
+	// requests (crashPoint).
+	crashHook func(where string)
 
 	mu         sync.Mutex
 	nodes      *nodeTable         // guarded by mu
 	handles    map[uint64]*handle // guarded by mu
 	nextHandle uint64             // guarded by mu
+	intents    *intentLog         // guarded by mu; see exactlyonce.go
 }
 
 var _ fuse.RawFileSystem = (*FS)(nil)
@@ -84,6 +88,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		nodes:         newNodeTable(),
 		handles:       map[uint64]*handle{},
 		nextHandle:    1,
+		intents:       newIntentLog(),
 	}
 	if opts.State != nil {
 		if err := fs.attachState(opts.State); err != nil {
@@ -445,37 +450,53 @@ func (fs *FS) truncate(ctx context.Context, n *node, size int64) error {
 }
 
 func (fs *FS) setMtime(ctx context.Context, n *node, path string, mtime time.Time) error {
+	// An open file decides where the time goes (openFile.setMtime); the
+	// reference taken keeps a concurrent release from closing it
+	// meanwhile.
 	fs.mu.Lock()
 	of := n.file
-	local := of != nil && of.hasSpill.Load()
-	if !local {
-		n.mtime = mtime
+	if of != nil {
+		of.refs++
 	}
 	fs.mu.Unlock()
-	if local {
-		of.setMtime(mtime)
-		fs.mu.Lock()
-		n.mtime = mtime
-		fs.mu.Unlock()
-		return nil
+	var (
+		a       blobstore.Attrs
+		inStore bool
+		err     error
+	)
+	if of != nil {
+		a, inStore, err = of.setMtime(ctx, path, mtime)
+		fs.releaseFile(of)
+	} else if path != "" {
+		a, err = fs.setMtimeInStore(ctx, path, mtime, "")
+		inStore = err == nil
 	}
-	if path == "" {
-		return nil
-	}
-	a, err := fs.store.Stat(ctx, path)
-	if err != nil {
-		return err
-	}
-	md := copyMeta(a.Metadata)
-	md[blobstore.MetaMtime] = fmt.Sprint(mtime.UnixNano())
-	a, err = fs.store.SetMetadata(ctx, path, md, blobstore.Conditions{IfMatch: a.ETag})
 	if err != nil {
 		return err
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	fs.applyEntryLocked(n, entryFromAttrs(a))
+	if inStore {
+		fs.applyEntryLocked(n, entryFromAttrs(a))
+		n.etag = a.ETag
+	}
+	n.mtime = mtime
 	return nil
+}
+
+// setMtimeInStore writes mtime into the blob's metadata, conditional on
+// ifMatch if given (else on the ETag it reads).
+func (fs *FS) setMtimeInStore(ctx context.Context, path string, mtime time.Time, ifMatch string) (blobstore.Attrs, error) {
+	a, err := fs.store.Stat(ctx, path)
+	if err != nil {
+		return blobstore.Attrs{}, err
+	}
+	if ifMatch != "" && a.ETag != ifMatch {
+		return blobstore.Attrs{}, fmt.Errorf("set mtime of %q: %w", path, blobstore.ErrPreconditionFailed)
+	}
+	md := copyMeta(a.Metadata)
+	md[blobstore.MetaMtime] = fmt.Sprint(mtime.UnixNano())
+	return fs.store.SetMetadata(ctx, path, md, blobstore.Conditions{IfMatch: a.ETag})
 }
 
 func (fs *FS) StatFs(cancel <-chan struct{}, h *fuse.InHeader, out *fuse.StatfsOut) fuse.Status {

@@ -118,9 +118,13 @@ func (t *nodeTable) save(n *node) {
 }
 
 func (t *nodeTable) maybeCheckpoint() {
-	if !t.state.needsCheckpoint() {
-		return
+	if t.state.needsCheckpoint() {
+		t.checkpoint()
 	}
+}
+
+// checkpoint rewrites the state region as the tables are now.
+func (t *nodeTable) checkpoint() {
 	var b []byte
 	for _, n := range t.byID {
 		if n.id != fuse.FUSE_ROOT_ID {

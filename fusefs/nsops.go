@@ -19,15 +19,46 @@ var folderMeta = map[string]string{blobstore.MetaIsFolder: "true"}
 // renameConcurrency bounds the copies in flight while renaming a directory.
 const renameConcurrency = 16
 
-// newChild binds a freshly made name and hands it to the kernel.
-func (fs *FS) newChild(dir *node, dirPath, name string, e dirEntry, out *fuse.EntryOut) {
+// newChild binds a freshly made name and hands it to the kernel,
+// completing the request's intent in the same journal write.
+func (fs *FS) newChild(dir *node, dirPath, name string, e dirEntry, out *fuse.EntryOut, intent uint64) {
 	fs.lists.set(dirPath, name, e)
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	n := fs.nodes.bind(dir.id, name, e.kind)
-	fs.applyEntryLocked(n, e)
-	fs.nodes.ref(n)
-	fs.fillEntry(n, out)
+	fs.batchLocked(func() {
+		n := fs.nodes.bind(dir.id, name, e.kind)
+		fs.applyEntryLocked(n, e)
+		fs.nodes.ref(n)
+		fs.completeIntentLocked(intent, n.id, 0)
+		fs.fillEntry(n, out)
+	})
+}
+
+// resentMade answers a resent mkdir, mknod or symlink whose name exists:
+// if it exists as the kind the request makes, the first run made it, and
+// the answer is the entry the first reply carried. ok is false when the
+// request must fail with EEXIST after all.
+func (fs *FS) resentMade(ctx context.Context, it intent, dir *node, dirPath, name string, kind nodeKind, out *fuse.EntryOut) (ok bool) {
+	n, err := fs.resolve(ctx, dir, dirPath, name)
+	if err != nil || n.kind != kind {
+		return false
+	}
+	fs.answerResent(it, n, out)
+	return true
+}
+
+// forgetName drops the binding of a name that is gone from the store and
+// completes the request's intent.
+func (fs *FS) forgetName(dir *node, dirPath, name string, intent uint64) {
+	fs.lists.remove(dirPath, name)
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.batchLocked(func() {
+		if n := fs.nodes.child(dir.id, name); n != nil {
+			fs.nodes.detach(n)
+		}
+		fs.completeIntentLocked(intent, 0, 0)
+	})
 }
 
 func (fs *FS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
@@ -43,20 +74,29 @@ func (fs *FS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *
 	}
 	ctx, cf := fs.reqContext(cancel)
 	defer cf()
+	fs.crashPoint("mkdir", "begin", name)
+	resent, isResent := fs.resentIntent(&in.InHeader, dir.id, 0, name, "")
 	path := joinPath(dirPath, name)
 	if _, err := fs.resolve(ctx, dir, dirPath, name); err == nil {
+		if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, kindDir, out) {
+			return fuse.OK
+		}
 		return fuse.Status(syscall.EEXIST)
 	} else if !errors.Is(err, blobstore.ErrNotFound) {
 		return toStatus(err)
 	}
+	intent := fs.beginIntent(&in.InHeader, dir.id, 0, name, "")
 	a, err := fs.store.Put(ctx, path, nil, blobstore.PutOptions{Metadata: folderMeta, Conditions: blobstore.Conditions{IfNoneMatch: true}})
 	if err != nil {
+		fs.dropIntent(intent)
 		return toStatus(err)
 	}
+	fs.crashPoint("mkdir", "store", name)
 	e := dirEntry{kind: kindDir, mtime: a.ModTime}
-	fs.newChild(dir, dirPath, name, e, out)
+	fs.newChild(dir, dirPath, name, e, out, intent)
 	// The new directory is known to be empty: lookups in it need no request.
 	fs.lists.put(path, map[string]dirEntry{})
+	fs.crashPoint("mkdir", "reply", name)
 	return fuse.OK
 }
 
@@ -77,11 +117,20 @@ func (fs *FS) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *
 	}
 	ctx, cf := fs.reqContext(cancel)
 	defer cf()
+	fs.crashPoint("mknod", "begin", name)
+	resent, isResent := fs.resentIntent(&in.InHeader, dir.id, 0, name, "")
+	intent := fs.beginIntent(&in.InHeader, dir.id, 0, name, "")
 	a, err := fs.store.Put(ctx, joinPath(dirPath, name), nil, blobstore.PutOptions{Conditions: blobstore.Conditions{IfNoneMatch: true}})
 	if err != nil {
+		if isResent && errors.Is(err, blobstore.ErrAlreadyExists) && fs.resentMade(ctx, resent, dir, dirPath, name, kindFile, out) {
+			return fuse.OK
+		}
+		fs.dropIntent(intent)
 		return toStatus(err)
 	}
-	fs.newChild(dir, dirPath, name, entryFromAttrs(a), out)
+	fs.crashPoint("mknod", "store", name)
+	fs.newChild(dir, dirPath, name, entryFromAttrs(a), out, intent)
+	fs.crashPoint("mknod", "reply", name)
 	return fuse.OK
 }
 
@@ -98,16 +147,25 @@ func (fs *FS) Symlink(cancel <-chan struct{}, h *fuse.InHeader, target, name str
 	}
 	ctx, cf := fs.reqContext(cancel)
 	defer cf()
+	fs.crashPoint("symlink", "begin", name)
+	resent, isResent := fs.resentIntent(h, dir.id, 0, name, "")
+	intent := fs.beginIntent(h, dir.id, 0, name, "")
 	a, err := fs.store.Put(ctx, joinPath(dirPath, name), []byte(target), blobstore.PutOptions{
 		Metadata:   map[string]string{blobstore.MetaIsSymlink: "true"},
 		Conditions: blobstore.Conditions{IfNoneMatch: true},
 	})
 	if err != nil {
+		if isResent && errors.Is(err, blobstore.ErrAlreadyExists) && fs.resentMade(ctx, resent, dir, dirPath, name, kindSymlink, out) {
+			return fuse.OK
+		}
+		fs.dropIntent(intent)
 		return toStatus(err)
 	}
+	fs.crashPoint("symlink", "store", name)
 	e := entryFromAttrs(a)
 	e.target = target
-	fs.newChild(dir, dirPath, name, e, out)
+	fs.newChild(dir, dirPath, name, e, out, intent)
+	fs.crashPoint("symlink", "reply", name)
 	return fuse.OK
 }
 
@@ -148,13 +206,22 @@ func (fs *FS) Unlink(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse
 	}
 	ctx, cf := fs.reqContext(cancel)
 	defer cf()
+	fs.crashPoint("unlink", "begin", name)
+	resent, isResent := fs.resentIntent(h, dir.id, 0, name, "")
 	n, err := fs.resolve(ctx, dir, dirPath, name)
 	if err != nil {
+		if isResent && errors.Is(err, blobstore.ErrNotFound) {
+			// The first run removed it.
+			fs.forgetName(dir, dirPath, name, resent.unique)
+			fs.keepDir(ctx, dirPath)
+			return fuse.OK
+		}
 		return toStatus(err)
 	}
 	if n.kind == kindDir {
 		return fuse.Status(syscall.EISDIR)
 	}
+	intent := fs.beginIntent(h, dir.id, 0, name, "")
 	path := joinPath(dirPath, name)
 	fs.mu.Lock()
 	inStore := n.inStore
@@ -168,14 +235,20 @@ func (fs *FS) Unlink(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse
 	}
 	if inStore || of == nil {
 		if err := fs.store.Delete(ctx, path, blobstore.Conditions{}); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
+			fs.dropIntent(intent)
 			return toStatus(err)
 		}
 	}
+	fs.crashPoint("unlink", "store", name)
 	fs.lists.remove(dirPath, name)
 	fs.mu.Lock()
-	fs.nodes.detach(n)
+	fs.batchLocked(func() {
+		fs.nodes.detach(n)
+		fs.completeIntentLocked(intent, 0, 0)
+	})
 	fs.mu.Unlock()
 	fs.keepDir(ctx, dirPath)
+	fs.crashPoint("unlink", "reply", name)
 	return fuse.OK
 }
 
@@ -228,14 +301,23 @@ func (fs *FS) Rmdir(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.
 	}
 	ctx, cf := fs.reqContext(cancel)
 	defer cf()
+	fs.crashPoint("rmdir", "begin", name)
+	resent, isResent := fs.resentIntent(h, dir.id, 0, name, "")
+	path := joinPath(dirPath, name)
 	n, err := fs.resolve(ctx, dir, dirPath, name)
 	if err != nil {
+		if isResent && errors.Is(err, blobstore.ErrNotFound) {
+			// The first run removed it.
+			fs.lists.invalidateTree(path)
+			fs.forgetName(dir, dirPath, name, resent.unique)
+			fs.keepDir(ctx, dirPath)
+			return fuse.OK
+		}
 		return toStatus(err)
 	}
 	if n.kind != kindDir {
 		return fuse.ENOTDIR
 	}
-	path := joinPath(dirPath, name)
 	empty, err := fs.dirEmpty(ctx, n, path)
 	if err != nil {
 		return toStatus(err)
@@ -243,15 +325,22 @@ func (fs *FS) Rmdir(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.
 	if !empty {
 		return fuse.Status(syscall.ENOTEMPTY)
 	}
+	intent := fs.beginIntent(h, dir.id, 0, name, "")
 	if err := fs.store.Delete(ctx, path, blobstore.Conditions{}); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
+		fs.dropIntent(intent)
 		return toStatus(err)
 	}
+	fs.crashPoint("rmdir", "store", name)
 	fs.lists.remove(dirPath, name)
 	fs.lists.invalidateTree(path)
 	fs.mu.Lock()
-	fs.nodes.detach(n)
+	fs.batchLocked(func() {
+		fs.nodes.detach(n)
+		fs.completeIntentLocked(intent, 0, 0)
+	})
 	fs.mu.Unlock()
 	fs.keepDir(ctx, dirPath)
+	fs.crashPoint("rmdir", "reply", name)
 	return fuse.OK
 }
 
@@ -276,8 +365,17 @@ func (fs *FS) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newName
 	}
 	ctx, cf := fs.reqContext(cancel)
 	defer cf()
+	fs.crashPoint("rename", "begin", oldName)
+	resent, isResent := fs.resentIntent(&in.InHeader, srcDir.id, dstDir.id, oldName, newName)
 	src, err := fs.resolve(ctx, srcDir, srcDirPath, oldName)
 	if err != nil {
+		if isResent && errors.Is(err, blobstore.ErrNotFound) {
+			if _, err := fs.resolve(ctx, dstDir, dstDirPath, newName); err == nil {
+				// The first run moved it.
+				fs.finishResentRename(ctx, resent, srcDir, srcDirPath, oldName, dstDir, dstDirPath, newName)
+				return fuse.OK
+			}
+		}
 		return toStatus(err)
 	}
 	srcPath, dstPath := joinPath(srcDirPath, oldName), joinPath(dstDirPath, newName)
@@ -287,12 +385,16 @@ func (fs *FS) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newName
 	if src.kind == kindDir && strings.HasPrefix(dstPath+"/", srcPath+"/") {
 		return fuse.EINVAL // into itself
 	}
+	// A resent rename whose first run began copying finds the target
+	// (partly) there: the checks below passed before that first run
+	// touched the store, so they are not made again.
 	dst, err := fs.resolve(ctx, dstDir, dstDirPath, newName)
 	switch {
 	case errors.Is(err, blobstore.ErrNotFound):
 		dst = nil
 	case err != nil:
 		return toStatus(err)
+	case isResent && dst.kind == src.kind:
 	case in.Flags&renameNoReplace != 0:
 		return fuse.Status(syscall.EEXIST)
 	case src.kind == kindDir && dst.kind != kindDir:
@@ -309,24 +411,49 @@ func (fs *FS) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newName
 		}
 	}
 
+	intent := fs.beginIntent(&in.InHeader, srcDir.id, dstDir.id, oldName, newName)
 	if src.kind == kindDir {
 		err = fs.renameDir(ctx, src, srcPath, dstPath, dst != nil)
 	} else {
 		err = fs.renameBlob(ctx, src, srcPath, dstPath)
 	}
 	if err != nil {
+		fs.dropIntent(intent)
 		fs.log.Warn("rename failed", "from", srcPath, "to", dstPath, "err", err)
 		return toStatus(err)
 	}
+	fs.crashPoint("rename", "store", oldName)
 
 	fs.mu.Lock()
 	e := dirEntry{kind: src.kind, size: src.size, mtime: src.mtime, etag: src.etag, pending: !src.inStore}
-	fs.nodes.move(src, dstDir.id, newName)
+	fs.batchLocked(func() {
+		fs.nodes.move(src, dstDir.id, newName)
+		fs.completeIntentLocked(intent, 0, 0)
+	})
 	fs.mu.Unlock()
 	fs.lists.remove(srcDirPath, oldName)
 	fs.lists.set(dstDirPath, newName, e)
 	fs.keepDir(ctx, srcDirPath)
+	fs.crashPoint("rename", "reply", oldName)
 	return fuse.OK
+}
+
+// finishResentRename completes a rename that the first run of a resent
+// request made in the store: the node, if the journal still binds it to
+// the old name, follows it.
+func (fs *FS) finishResentRename(ctx context.Context, it intent, srcDir *node, srcDirPath, oldName string, dstDir *node, dstDirPath, newName string) {
+	fs.mu.Lock()
+	fs.batchLocked(func() {
+		if n := fs.nodes.child(srcDir.id, oldName); n != nil {
+			fs.nodes.move(n, dstDir.id, newName)
+		}
+		fs.completeIntentLocked(it.unique, 0, 0)
+	})
+	fs.mu.Unlock()
+	fs.lists.remove(srcDirPath, oldName)
+	fs.lists.invalidate(dstDirPath)
+	fs.lists.invalidateTree(joinPath(srcDirPath, oldName))
+	fs.keepDir(ctx, srcDirPath)
 }
 
 // renameBlob moves a file or symlink: commit local changes first, then a

@@ -65,6 +65,10 @@ type openFile struct {
 	mtime        *time.Time        // set by utimes; written as metadata
 	unlinked     bool
 	commitErr    error // the last failed commit
+	// commitNonce names the pending commit (blobstore.MetaCommit): made
+	// and journaled before the first attempt, kept by retries, also in a
+	// process that adopts the mount, and cleared once one succeeded.
+	commitNonce string
 
 	stream *blockStream // staging of full blocks while writing; nil if none
 	// streamName is the blob name streaming stages blocks under, set at
@@ -129,7 +133,7 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 	of.hasSpill.Store(true)
 	// Journaled as dirty at once: the change that needed the spill file
 	// follows, and a successor must upload it.
-	of.fs.journalFile(of.n, of.spillPath, of.baseETag, true, of.exclusive)
+	of.journalLocked(true)
 	if of.size == 0 && of.gen == of.committedGen {
 		if name := of.streamName.Load(); name != nil {
 			of.stream = of.fs.newBlockStream(*name)
@@ -148,6 +152,7 @@ func (of *openFile) write(ctx context.Context, data []byte, off int64) error {
 		return fmt.Errorf("spill write: %w", err)
 	}
 	of.setSizeLocked(max(of.size, off+int64(len(data))))
+	of.mtime = nil // a write makes the file's time now again
 	of.changedLocked()
 	if st := of.stream; st != nil {
 		if off < st.next {
@@ -181,6 +186,7 @@ func (of *openFile) truncate(ctx context.Context, size int64) error {
 		of.stream = nil
 	}
 	of.setSizeLocked(size)
+	of.mtime = nil
 	of.changedLocked()
 	return nil
 }
@@ -206,11 +212,45 @@ func (of *openFile) readLocal(p []byte, off int64) (n int, ok bool, err error) {
 	return n, true, err
 }
 
-func (of *openFile) setMtime(t time.Time) {
+// setMtime sets the modification time of an open file. While the spill
+// file holds changes not in the store, the time goes up with them at the
+// next commit. Otherwise it is written to the store at once: a clean file
+// may see no commit again (utimes right after close(2) arrives before the
+// kernel's RELEASE, whose commit finds nothing to upload), and marking it
+// dirty would upload the whole file again for one metadata field.
+//
+// commitMu keeps a commit from running meanwhile: the metadata update
+// changes the blob's ETag, which the next commit's If-Match must follow.
+func (of *openFile) setMtime(ctx context.Context, path string, t time.Time) (blobstore.Attrs, bool, error) {
+	of.commitMu.Lock()
+	defer of.commitMu.Unlock()
 	of.mu.Lock()
 	defer of.mu.Unlock()
-	of.mtime = &t
-	of.changedLocked()
+	if of.dirty() && of.spill != nil && !of.unlinked {
+		of.mtime = &t
+		of.changedLocked()
+		return blobstore.Attrs{}, false, nil
+	}
+	if path == "" {
+		return blobstore.Attrs{}, false, nil // unlinked: nothing to store
+	}
+	ifMatch := ""
+	if of.spill != nil {
+		ifMatch = of.baseETag // the content the spill file holds
+	}
+	a, err := of.fs.setMtimeInStore(ctx, path, t, ifMatch)
+	if err != nil {
+		return blobstore.Attrs{}, false, err
+	}
+	// The store has the time now. A later commit follows a write, which
+	// makes the time now again: it drops the key from baseMeta.
+	of.mtime = nil
+	if of.spill != nil {
+		of.baseETag = a.ETag
+		of.baseMeta = a.Metadata
+		of.journalLocked(false)
+	}
+	return a, true, nil
 }
 
 // changedLocked marks a change; the first one after a commit is journaled,
@@ -219,8 +259,13 @@ func (of *openFile) changedLocked() {
 	wasClean := !of.dirty()
 	of.gen++
 	if wasClean && of.spill != nil {
-		of.fs.journalFile(of.n, of.spillPath, of.baseETag, true, of.exclusive)
+		of.journalLocked(true)
 	}
+}
+
+// journalLocked records the spill file and upload state in the state region.
+func (of *openFile) journalLocked(dirty bool) {
+	of.fs.journalFile(of.n, of.spillPath, of.baseETag, dirty, of.exclusive, of.commitNonce)
 }
 
 // commit uploads the spill file if the file has changes not in the store.
@@ -246,6 +291,12 @@ func (of *openFile) commit(ctx context.Context) error {
 	if of.mtime != nil {
 		opts.Metadata[blobstore.MetaMtime] = strconv.FormatInt(of.mtime.UnixNano(), 10)
 	}
+	if of.commitNonce == "" {
+		of.commitNonce = newCommitNonce()
+		of.journalLocked(true) // before the store can hold it
+	}
+	nonce := of.commitNonce
+	opts.Metadata[blobstore.MetaCommit] = nonce
 	if of.baseETag != "" {
 		opts.IfMatch = of.baseETag
 	} else if of.exclusive {
@@ -280,11 +331,23 @@ func (of *openFile) commit(ctx context.Context) error {
 		err = errNoStream
 	}
 	if err != nil {
-		attrs, err = blobstore.Upload(ctx, of.fs.store, path, f, size, blobstore.UploadOptions{
-			BlockSize:   of.fs.opts.UploadBlockSize,
-			Concurrency: of.fs.opts.UploadConcurrency,
-			PutOptions:  opts,
-		})
+		attrs, err = of.upload(ctx, path, f, size, opts)
+	}
+	if err != nil && ctx.Err() == nil {
+		// The retry of an attempt that reached the store fails its ETag
+		// condition, or finds its staged blocks used up by the commit.
+		if current, ours := of.ownEarlierCommit(ctx, path, nonce); ours {
+			// An earlier attempt of this commit reached the store and
+			// its answer was lost (a timeout, or the process that
+			// made it was killed). Upload again on top of it: the
+			// spill file may hold changes made after that attempt.
+			of.fs.log.Info("the store holds this file's own earlier commit; uploading on top of it", "path", path)
+			opts.Conditions = blobstore.Conditions{IfMatch: current.ETag}
+			attrs, err = of.upload(ctx, path, f, size, opts)
+		}
+	}
+	if err == nil {
+		of.fs.crashPoint("commit", "store", path)
 	}
 	of.mu.Lock()
 	if err != nil {
@@ -297,14 +360,26 @@ func (of *openFile) commit(ctx context.Context) error {
 	of.baseMeta = opts.Metadata
 	of.exclusive = false
 	of.commitErr = nil
-	of.fs.journalFile(of.n, of.spillPath, of.baseETag, of.dirty(), false)
+	of.commitNonce = ""
+	of.journalLocked(of.dirty())
 	of.mu.Unlock()
 	of.fs.committed(of.n, path, attrs, size)
 	return nil
 }
 
+// upload writes the whole spill file as the blob.
+func (of *openFile) upload(ctx context.Context, path string, f *os.File, size int64, opts blobstore.PutOptions) (blobstore.Attrs, error) {
+	return blobstore.Upload(ctx, of.fs.store, path, f, size, blobstore.UploadOptions{
+		BlockSize:   of.fs.opts.UploadBlockSize,
+		Concurrency: of.fs.opts.UploadConcurrency,
+		PutOptions:  opts,
+	})
+}
+
 // close removes the spill file; the caller made sure nothing is dirty or
-// gave up on it.
+// gave up on it. The removal is journaled first, so that a process adopting
+// the mount never looks for a spill file that is legitimately gone, and
+// removes it if this one dies before it does.
 func (of *openFile) close() {
 	of.mu.Lock()
 	defer of.mu.Unlock()
@@ -313,11 +388,11 @@ func (of *openFile) close() {
 		of.stream = nil
 	}
 	if of.spill != nil {
+		of.fs.journalSpillRemoval(of.n, of.spillPath)
 		of.spill.Close()
 		os.Remove(of.spillPath)
 		of.spill = nil
 		of.hasSpill.Store(false)
-		of.fs.journalFile(of.n, "", "", false, false)
 	}
 }
 
@@ -332,13 +407,16 @@ func (of *openFile) keepSpill(blobName string) string {
 	dir := filepath.Join(of.fs.opts.CacheDir, "lost+found")
 	os.MkdirAll(dir, 0o700)
 	dst := filepath.Join(dir, fmt.Sprintf("%d-%s", time.Now().UnixNano(), filepath.Base(blobName)))
+	// Journaled first, as in close: a successor must not upload it. Not
+	// as a removal: if this process dies before the move, the data stays
+	// in the spill directory.
+	of.fs.journalFile(of.n, "", "", false, false, "")
 	of.spill.Close()
 	if err := os.Rename(of.spillPath, dst); err != nil {
 		dst = of.spillPath
 	}
 	of.spill = nil
 	of.hasSpill.Store(false)
-	of.fs.journalFile(of.n, "", "", false, false)
 	if of.stream != nil {
 		of.stream.abandon()
 		of.stream = nil

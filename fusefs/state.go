@@ -48,14 +48,24 @@ const (
 	recFile       byte = 5 // a node's spill file and upload state
 	recIDs        byte = 6 // ids reserved: never hand out ids below these again
 	recCheckpoint byte = 7 // the records after it are a whole table
+	recIntent     byte = 8 // a namespace change about to touch the store
+	recIntentDone byte = 9 // that change completed: what its reply carries
+	recIntentDrop byte = 10
+	// A spill file about to be removed: journaled before the removal, so
+	// that a successor finishes it if the process dies in between.
+	recSpillRemoved byte = 11
 )
 
 type stateRegion struct {
 	f          *os.File
 	start, end int64
 	liveBytes  int64 // bytes of the last checkpoint, to decide the next
-	buf        []byte
 	err        error // first write error: the region is no longer trusted
+	// batching > 0 collects appends in pending, written with one pwrite
+	// when the outermost batch ends: a process killed meanwhile leaves
+	// all of them or none.
+	batching int
+	pending  []byte
 }
 
 // newStateRegion creates an empty region in a new memfd.
@@ -104,6 +114,10 @@ func (r *stateRegion) append(records []byte) {
 	if r.err != nil || len(records) == 0 {
 		return
 	}
+	if r.batching > 0 {
+		r.pending = append(r.pending, records...)
+		return
+	}
 	if _, err := r.f.WriteAt(records, r.end); err != nil {
 		r.err = err
 		return
@@ -113,6 +127,19 @@ func (r *stateRegion) append(records []byte) {
 	binary.LittleEndian.PutUint64(b[:], uint64(r.end))
 	if _, err := r.f.WriteAt(b[:], offEnd); err != nil {
 		r.err = err
+	}
+}
+
+// beginBatch starts collecting appends; endBatch writes them at once.
+// Batches nest.
+func (r *stateRegion) beginBatch() { r.batching++ }
+
+func (r *stateRegion) endBatch() {
+	r.batching--
+	if r.batching == 0 {
+		records := r.pending
+		r.pending = nil
+		r.append(records)
 	}
 }
 
@@ -155,6 +182,9 @@ func (r *stateRegion) checkpoint(snapshot []byte) {
 // needsCheckpoint tells when the log has grown past four times the live
 // state (and past 1 MiB, so small mounts do not checkpoint constantly).
 func (r *stateRegion) needsCheckpoint() bool {
+	if r.batching > 0 {
+		return false // the checkpoint moves start at once; wait for the batch
+	}
 	size := r.end - r.start
 	return size > 1<<20 && size > 4*r.liveBytes
 }
@@ -180,15 +210,22 @@ type savedFile struct {
 	baseETag  string
 	dirty     bool
 	exclusive bool
+	// commitNonce names a commit that may have reached the store without
+	// its answer reaching the dead process.
+	commitNonce string
 }
 
 type savedState struct {
-	init       []byte
-	nodes      map[uint64]savedNode
-	handles    map[uint64]savedHandle
-	files      map[uint64]savedFile
-	nextID     uint64
-	nextHandle uint64
+	init    []byte
+	nodes   map[uint64]savedNode
+	handles map[uint64]savedHandle
+	files   map[uint64]savedFile
+	intents *intentLog
+	// removedSpills are spill files whose removal was journaled since the
+	// last checkpoint; some may still exist.
+	removedSpills []string
+	nextID        uint64
+	nextHandle    uint64
 }
 
 // readStateRegion replays a region left by another process.
@@ -211,6 +248,7 @@ func readStateRegion(f *os.File) (*stateRegion, *savedState, error) {
 		nodes:   map[uint64]savedNode{},
 		handles: map[uint64]savedHandle{},
 		files:   map[uint64]savedFile{},
+		intents: newIntentLog(),
 	}
 	log := make([]byte, end-start)
 	if _, err := f.ReadAt(log, start); err != nil && !errors.Is(err, io.EOF) {
@@ -286,6 +324,8 @@ func (st *savedState) apply(typ byte, body []byte) error {
 		clear(st.nodes)
 		clear(st.handles)
 		clear(st.files)
+		st.intents = newIntentLog()
+		st.removedSpills = nil
 	case recNode:
 		n := savedNode{id: r.u64(), parent: r.u64(), lookups: r.u64(), kind: nodeKind(r.u8()), name: r.str()}
 		st.nodes[n.id] = n
@@ -306,6 +346,9 @@ func (st *savedState) apply(typ byte, body []byte) error {
 		f := savedFile{node: r.u64(), spillPath: r.str(), baseETag: r.str()}
 		flags := r.u8()
 		f.dirty, f.exclusive = flags&1 != 0, flags&2 != 0
+		if len(r.b) > 0 { // regions written before commit nonces lack it
+			f.commitNonce = r.str()
+		}
 		if f.spillPath == "" {
 			delete(st.files, f.node)
 		} else {
@@ -314,6 +357,22 @@ func (st *savedState) apply(typ byte, body []byte) error {
 	case recIDs:
 		st.nextID = max(st.nextID, r.u64())
 		st.nextHandle = max(st.nextHandle, r.u64())
+	case recIntent:
+		it := intent{unique: r.u64(), op: r.u32(), parent: r.u64(), newParent: r.u64(), name: r.str(), newName: r.str()}
+		if r.err == nil {
+			st.intents.put(it)
+		}
+	case recIntentDone:
+		unique, node, fh := r.u64(), r.u64(), r.u64()
+		if r.err == nil {
+			st.intents.complete(unique, node, fh)
+		}
+	case recIntentDrop:
+		st.intents.drop(r.u64())
+	case recSpillRemoved:
+		if path := r.str(); r.err == nil {
+			st.removedSpills = append(st.removedSpills, path)
+		}
 	default:
 		return fmt.Errorf("unknown state record type %d", typ)
 	}
@@ -353,7 +412,7 @@ func idRecord(dst []byte, typ byte, id uint64) []byte {
 	return frame(dst, typ, w.b)
 }
 
-func fileRecord(dst []byte, nodeID uint64, spillPath, baseETag string, dirty, exclusive bool) []byte {
+func fileRecord(dst []byte, nodeID uint64, spillPath, baseETag string, dirty, exclusive bool, commitNonce string) []byte {
 	var w recordWriter
 	w.u64(nodeID)
 	w.str(spillPath)
@@ -366,6 +425,7 @@ func fileRecord(dst []byte, nodeID uint64, spillPath, baseETag string, dirty, ex
 		flags |= 2
 	}
 	w.u8(flags)
+	w.str(commitNonce)
 	return frame(dst, recFile, w.b)
 }
 
@@ -374,4 +434,29 @@ func idsRecord(dst []byte, nextID, nextHandle uint64) []byte {
 	w.u64(nextID)
 	w.u64(nextHandle)
 	return frame(dst, recIDs, w.b)
+}
+
+func intentRecord(dst []byte, it intent) []byte {
+	w := recordWriter{b: make([]byte, 0, 48+len(it.name)+len(it.newName))}
+	w.u64(it.unique)
+	w.u32(it.op)
+	w.u64(it.parent)
+	w.u64(it.newParent)
+	w.str(it.name)
+	w.str(it.newName)
+	return frame(dst, recIntent, w.b)
+}
+
+func intentDoneRecord(dst []byte, it intent) []byte {
+	var w recordWriter
+	w.u64(it.unique)
+	w.u64(it.node)
+	w.u64(it.fh)
+	return frame(dst, recIntentDone, w.b)
+}
+
+func spillRemovedRecord(dst []byte, path string) []byte {
+	var w recordWriter
+	w.str(path)
+	return frame(dst, recSpillRemoved, w.b)
 }
