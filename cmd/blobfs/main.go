@@ -57,6 +57,8 @@ func run(args []string) error {
 		return runUnmount(args[2:])
 	case "csi":
 		return runCSI(args[2:])
+	case workerMode:
+		return runMountWorker(args[2:])
 	case "--version", "-version", "version":
 		fmt.Println("blobfs", version)
 		return nil
