@@ -63,6 +63,10 @@ func blobfsBin(t *testing.T) string {
 }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(appEnv) != "" {
+		// The test binary doubles as an application using a mount.
+		os.Exit(streamApp(os.Getenv(appEnv)))
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
