@@ -76,7 +76,7 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.DurationVar(&c.retry.MaxDelay, "retry-max-delay", 0, "longest wait between attempts (default 5s)")
 	fl.BoolVar(&c.fg, "foreground", false, "stay in the foreground (default: detach once mounted)")
 	fl.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	fl.StringVar(&c.logFile, "log-file", "", "log to this file (default: stderr in the foreground, CACHE_DIR/blobfs.log in the background)")
+	fl.StringVar(&c.logFile, "log-file", "", "log to this file (default: stderr in the foreground; in the background /var/log/blobfs/blobfs-MOUNTPOINT.log as root, else under $TMPDIR)")
 	fl.BoolVar(&c.mount.Debug, "debug-fuse", false, "log every FUSE request and reply (very verbose)")
 	fl.DurationVar(&c.checkTime, "check-timeout", 30*time.Second, "how long the pre-mount check of the store may take")
 	fl.IntVar(&c.limit, "restart-limit", 10, "in the background: worker crashes in a row (each within 10s of its start) after which the supervisor stops restarting it")
