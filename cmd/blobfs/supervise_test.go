@@ -492,3 +492,55 @@ func TestBackgroundSIGTERMWorkerDown(t *testing.T) {
 		})
 	}
 }
+
+// TestBackgroundGiveUpAndSIGHUP: past --restart-limit the supervisor stops
+// restarting the worker but keeps the mount: a write waits instead of
+// failing, and completes once SIGHUP makes the supervisor try again.
+func TestBackgroundGiveUpAndSIGHUP(t *testing.T) {
+	bin := blobfsBin(t)
+	store, mp := t.TempDir(), t.TempDir()
+	log := backgroundMount(t, bin, store, mp, "--restart-limit", "0")
+	f, err := os.Create(filepath.Join(mp, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w := waitWorker(t, mp, 0)
+	syscall.Kill(w.pid, syscall.SIGKILL)
+	waitLog(t, log, "not restarting the worker", 1)
+
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := f.WriteString("waited for SIGHUP")
+		wrote <- err
+	}()
+	select {
+	case err := <-wrote:
+		t.Fatalf("a write finished while no worker ran (err %v); want it to wait", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if cur, _ := findWorker(mp); cur != nil {
+		t.Fatalf("worker %d started although the supervisor gave up", cur.pid)
+	}
+	if err := syscall.Kill(w.ppid, syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatalf("write after SIGHUP: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the write still waits 30s after SIGHUP")
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(store, "f")); err != nil || string(got) != "waited for SIGHUP" {
+		t.Fatalf("store has %q, %v", got, err)
+	}
+	if out, err := exec.Command(bin, "unmount", mp).CombinedOutput(); err != nil {
+		t.Fatalf("unmount: %v\n%s", err, out)
+	}
+	waitExited(t, w.ppid, "supervisor")
+}
