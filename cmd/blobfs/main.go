@@ -6,6 +6,10 @@
 //	blobfs csi [flags]                   the Kubernetes CSI driver
 //	blobfs --version
 //
+// In the background, `blobfs mount` is a supervisor that holds the mount and
+// runs the hidden `blobfs mount-worker` to serve it, restarting it if it
+// dies (supervise.go).
+//
 // Installed as mount.blobfs, it is the helper that mount(8) and /etc/fstab
 // call: mount.blobfs SOURCE MOUNTPOINT [-o OPTIONS].
 package main
@@ -60,6 +64,8 @@ func run(args []string) error {
 		return runCSI(args[2:])
 	case "keeper":
 		return runKeeper(args[2:])
+	case workerMode:
+		return runMountWorker(args[2:])
 	case "--version", "-version", "version":
 		fmt.Println("blobfs", version)
 		return nil

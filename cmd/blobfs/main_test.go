@@ -66,6 +66,10 @@ func TestMain(m *testing.M) {
 	if os.Getenv(appEnv) != "" {
 		os.Exit(runTestApp())
 	}
+	if dir := os.Getenv(supervisedAppEnv); dir != "" {
+		// The test binary doubles as an application using a mount.
+		os.Exit(streamApp(dir))
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -41,6 +42,7 @@ type mountConfig struct {
 	checkTime time.Duration
 	grace     time.Duration
 	create    bool
+	limit     int
 }
 
 // registerMountFlags declares every mount flag; mount.blobfs -o options are
@@ -74,9 +76,10 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.DurationVar(&c.retry.MaxDelay, "retry-max-delay", 0, "longest wait between attempts (default 5s)")
 	fl.BoolVar(&c.fg, "foreground", false, "stay in the foreground (default: detach once mounted)")
 	fl.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	fl.StringVar(&c.logFile, "log-file", "", "log to this file (default: stderr in the foreground, CACHE_DIR/blobfs.log in the background)")
+	fl.StringVar(&c.logFile, "log-file", "", "log to this file (default: stderr in the foreground; in the background /var/log/blobfs/blobfs-MOUNTPOINT.log as root, else under $TMPDIR)")
 	fl.BoolVar(&c.mount.Debug, "debug-fuse", false, "log every FUSE request and reply (very verbose)")
 	fl.DurationVar(&c.checkTime, "check-timeout", 30*time.Second, "how long the pre-mount check of the store may take")
+	fl.IntVar(&c.limit, "restart-limit", 10, "in the background: worker crashes in a row (each within 10s of its start) after which the supervisor stops restarting it")
 	fl.DurationVar(&c.grace, "shutdown-grace", 10*time.Second, "on SIGTERM with files still open, how long to keep serving them (detached) before exiting")
 }
 
@@ -224,40 +227,40 @@ func mountWith(c *mountConfig, mountpoint string, args []string) error {
 	if !c.fg && readyFD == "" {
 		return daemonize(args, mp)
 	}
-	logFile := c.logFile
-	if logFile == "" && readyFD != "" {
-		logFile = backgroundLogFile(mp)
+	if readyFD != "" {
+		// The detached child of daemonize: the supervisor of a worker.
+		var fd int
+		fmt.Sscan(readyFD, &fd)
+		os.Unsetenv(readyEnv)
+		return supervise(c, mp, args, readyReporter(os.NewFile(uintptr(fd), "ready")))
 	}
-	logger, err := newLogger(c.logLevel, logFile, os.Stderr)
+	logger, err := newLogger(c.logLevel, c.logFile, os.Stderr)
 	if err != nil {
 		return err
 	}
-	// In the foreground, say where the mount is; in the background, tell
-	// the waiting parent (which says it) through the pipe.
-	ready := func(err error, desc string) {
+	// In the foreground, one process mounts and serves: it has no
+	// supervisor to hold the mount, so the mount dies with it.
+	return serve(c, mp, logger, func(err error, desc string) {
 		if err == nil {
 			fmt.Fprintf(os.Stderr, "blobfs: mounted %s at %s\n", desc, mp)
 		}
-	}
-	if readyFD != "" {
-		var fd int
-		fmt.Sscan(readyFD, &fd)
-		pipe := os.NewFile(uintptr(fd), "ready")
-		os.Unsetenv(readyEnv)
-		ready = func(err error, desc string) {
+	}, nil)
+}
+
+// readyReporter returns a function that tells the process waiting on pipe
+// "ok DESCRIPTION" or "error MESSAGE", once; later calls do nothing.
+func readyReporter(pipe *os.File) func(error, string) {
+	var once sync.Once
+	return func(err error, desc string) {
+		once.Do(func() {
 			if err != nil {
-				fmt.Fprintln(pipe, "error", err)
+				fmt.Fprintln(pipe, "error", strings.ReplaceAll(err.Error(), "\n", " "))
 			} else {
 				fmt.Fprintln(pipe, "ok", desc)
 			}
 			pipe.Close()
-		}
+		})
 	}
-	err = serve(c, mp, logger, ready)
-	if err != nil {
-		ready(err, "")
-	}
-	return err
 }
 
 // backgroundLogFile is where a detached mount logs unless --log-file says.
@@ -270,19 +273,36 @@ func backgroundLogFile(mp string) string {
 	return filepath.Join(dir, "blobfs-"+name+".log")
 }
 
-func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, string)) error {
+// keptMount is a mount made and held by a supervisor, served by this
+// process (a worker): its /dev/fuse descriptor and its state region.
+type keptMount struct {
+	fuseFD int
+	state  *os.File
+}
+
+// serve serves the mount at mp until it is unmounted or a signal asks to
+// stop. With kept nil it mounts; otherwise it serves the supervisor's
+// mount, adopting it when the state region says a previous worker served
+// it. ready is told once the mount is usable (or why it is not).
+func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, string), kept *keptMount) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	store, desc, err := c.openStore(ctx)
 	if err != nil {
+		ready(err, "")
 		return err
 	}
 	opts, err := c.fsOptions(logger)
 	if err != nil {
+		ready(err, "")
 		return err
+	}
+	if kept != nil {
+		opts.State = kept.state
 	}
 	fsys, err := fusefs.New(store, opts)
 	if err != nil {
+		ready(err, "")
 		return err
 	}
 	defer fsys.Close()
@@ -295,11 +315,21 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 	mo.ReadOnly = opts.ReadOnly
 	mo.FsName = "blobfs"
 	mo.Logger = logger
-	sess, err := fusefs.Mount(mp, fsys, mo)
+	var sess *fusefs.Session
+	if kept == nil {
+		sess, err = fusefs.Mount(mp, fsys, mo)
+	} else {
+		sess, err = fusefs.Serve(mp, kept.fuseFD, fsys, mo)
+	}
 	if err != nil {
+		ready(err, "")
 		return err
 	}
-	logger.Info("mounted", "store", desc, "mountpoint", mp)
+	if kept != nil && fsys.AdoptInit() != nil {
+		logger.Info("adopted the live mount", "store", desc, "mountpoint", mp)
+	} else {
+		logger.Info("mounted", "store", desc, "mountpoint", mp)
+	}
 	ready(nil, desc)
 
 	done := make(chan error, 1)
