@@ -75,7 +75,8 @@ type RestartConfig struct {
 	StreamSize int64
 	StreamRate int64
 	// WorkDir holds the nodes' kubelet directories, state, caches and
-	// logs (default: a new directory under $TMPDIR, removed afterwards).
+	// logs (default: a new directory under $TMPDIR, removed afterwards
+	// unless a measurement failed).
 	WorkDir string
 	// KeepContainers leaves the Azurite containers in place.
 	KeepContainers bool
@@ -210,7 +211,14 @@ func RunRestart(ctx context.Context, cfg RestartConfig) (*RestartReport, error) 
 		if err != nil {
 			return nil, err
 		}
-		defer os.RemoveAll(d)
+		defer func() {
+			// The drivers' and keeper's logs tell what went wrong.
+			if r.report.Err() != nil {
+				r.logf("a measurement failed: the logs of every driver and keeper are kept in %s", d)
+				return
+			}
+			os.RemoveAll(d)
+		}()
 		work = d
 	}
 	r.work = work

@@ -62,7 +62,9 @@ type restartVolume struct {
 
 // Time limits of the restart benchmark. Generous: the machine is shared.
 const (
-	driverReadyTimeout = 3 * time.Minute
+	// driverReadyTimeout bounds a driver's start-up. A driver not ready by
+	// then gets SIGQUIT, so that its log holds every goroutine's stack.
+	driverReadyTimeout = time.Minute
 	stageTimeout       = 3 * time.Minute
 	driverStopTimeout  = 2 * time.Minute
 )
@@ -204,7 +206,15 @@ func (n *csiNode) waitReady(ctx context.Context, p *driverProc, before os.FileIn
 		case <-p.done:
 			return 0, fmt.Errorf("driver exited before it was ready (%v): %s", p.waitErr, fileTail(p.logPath, 20))
 		case <-ctx.Done():
-			return 0, fmt.Errorf("driver not ready after %v: %s", driverReadyTimeout, fileTail(p.logPath, 20))
+			if ctx.Err() == context.DeadlineExceeded {
+				p.cmd.Process.Signal(syscall.SIGQUIT)
+				select {
+				case <-p.done:
+				case <-time.After(10 * time.Second):
+				}
+				return 0, fmt.Errorf("driver not ready after %v; its goroutines are in %s", driverReadyTimeout, p.logPath)
+			}
+			return 0, ctx.Err()
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
