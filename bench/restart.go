@@ -167,6 +167,9 @@ type RestartReport struct {
 	Details []string
 	Started time.Time
 	Elapsed time.Duration
+	// KeptWorkDir is the work directory left in place, with the logs of
+	// every driver and keeper, because a measurement failed.
+	KeptWorkDir string
 }
 
 // Err joins the errors of the rows that failed.
@@ -214,7 +217,7 @@ func RunRestart(ctx context.Context, cfg RestartConfig) (*RestartReport, error) 
 		defer func() {
 			// The drivers' and keeper's logs tell what went wrong.
 			if r.report.Err() != nil {
-				r.logf("a measurement failed: the logs of every driver and keeper are kept in %s", d)
+				r.report.KeptWorkDir = d
 				return
 			}
 			os.RemoveAll(d)
@@ -620,6 +623,9 @@ func (r *RestartReport) Markdown(w io.Writer) error {
 		}
 		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |\n", row.Mounts, ms(median(row.KillStall)), ms(slices.Max(row.KillStall)),
 			ms(median(row.HandoffReady)), ms(median(row.HandoffStall)), ms(slices.Max(row.HandoffStall)))
+	}
+	if r.KeptWorkDir != "" {
+		fmt.Fprintf(&b, "\nA measurement failed: the logs of every driver and keeper are in %s\n", r.KeptWorkDir)
 	}
 	if len(r.Details) > 0 {
 		b.WriteString("\n<details><summary>every timing</summary>\n\n```\n")
