@@ -4,7 +4,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 BIN     := bin/blobfs
 DEMO_MNT ?= /tmp/blobfs
 
-.PHONY: build demo test test-short test-csi image bench lint clean
+.PHONY: build demo test test-short test-csi image bench bench-restart lint clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/blobfs
@@ -36,6 +36,11 @@ test-short:
 
 bench: build
 	./.ci/bench.sh $(BENCH_ARGS)
+
+# Driver restarts: start-to-serving with the keeper against a fresh driver
+# staging every volume, and the reader's pause (bench/restart.go).
+bench-restart: build
+	./.ci/bench-restart.sh $(BENCH_ARGS)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

@@ -26,6 +26,14 @@
 // Other FUSE clients (blobfuse2, rclone) found on PATH are measured in the
 // same run on the Azurite figures.
 //
+// The restart benchmark (RunRestart, cmd/blobfs-restart-bench, make
+// bench-restart) is separate: real `blobfs keeper` and `blobfs csi` node
+// driver processes, driven over gRPC as kubelet drives them. It times a
+// driver restarted after SIGKILL from its start until it serves 1, 10 and
+// 100 mounts adopted from the keeper, against a fresh driver staging them
+// all again, and the pause that a streaming reader sees across a SIGKILL +
+// restart and a graceful handoff; see restart.go.
+//
 // # Method
 //
 // The machine is shared and noisy, so absolute numbers mean little. Each

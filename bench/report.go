@@ -264,6 +264,16 @@ func human(n int64) string {
 
 // describeMachine fills in what can be known without the run.
 func describeMachine(cfg *Config) Machine {
+	endpoint := ""
+	if cfg.needsAzurite() {
+		endpoint = cfg.Endpoint
+	}
+	return machineOf(cfg.BlobfsBin, endpoint)
+}
+
+// machineOf describes this machine, the blobfs binary at blobfsBin and the
+// Azurite at endpoint (either may be empty: not asked).
+func machineOf(blobfsBin, endpoint string) Machine {
 	m := Machine{NProc: runtime.NumCPU(), Go: runtime.Version(), LoadStart: loadAvg()}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
@@ -277,15 +287,15 @@ func describeMachine(cfg *Config) Machine {
 	if unix.Uname(&u) == nil {
 		m.Kernel = unix.ByteSliceToString(u.Release[:])
 	}
-	if cfg.BlobfsBin != "" {
-		if out, err := exec.Command(cfg.BlobfsBin, "--version").Output(); err == nil {
+	if blobfsBin != "" {
+		if out, err := exec.Command(blobfsBin, "--version").Output(); err == nil {
 			m.Blobfs = strings.TrimSpace(string(out))
 		}
 	}
-	if cfg.needsAzurite() {
+	if endpoint != "" {
 		// Any request gets an answer with the server's name and version.
 		hc := &http.Client{Timeout: 5 * time.Second}
-		if resp, err := hc.Get(cfg.Endpoint + "?comp=list"); err == nil {
+		if resp, err := hc.Get(endpoint + "?comp=list"); err == nil {
 			m.Azurite = resp.Header.Get("Server")
 			resp.Body.Close()
 		}
