@@ -4,6 +4,7 @@
 //	blobfs mount [flags] MOUNTPOINT      mount (in the background unless --foreground)
 //	blobfs unmount [-z] MOUNTPOINT       unmount
 //	blobfs csi [flags]                   the Kubernetes CSI driver
+//	blobfs registrar [flags]             registers the CSI node plugin with kubelet
 //	blobfs --version
 //
 // Installed as mount.blobfs, it is the helper that mount(8) and /etc/fstab
@@ -40,6 +41,7 @@ const usage = `usage:
   blobfs mount [flags] MOUNTPOINT     mount a container (see blobfs mount --help)
   blobfs unmount [-z] MOUNTPOINT      unmount; -z detaches a busy mount lazily
   blobfs csi [flags]                  the Kubernetes CSI driver (see blobfs csi --help)
+  blobfs registrar [flags]            registers the CSI node plugin with kubelet
   blobfs --version
   mount.blobfs SOURCE MOUNTPOINT [-o OPTIONS]   (as called by mount(8) and fstab)`
 
@@ -57,6 +59,8 @@ func run(args []string) error {
 		return runUnmount(args[2:])
 	case "csi":
 		return runCSI(args[2:])
+	case "registrar":
+		return runRegistrar(args[2:])
 	case "--version", "-version", "version":
 		fmt.Println("blobfs", version)
 		return nil
