@@ -186,10 +186,12 @@ func kubepodsCgroups() []string {
 // them.
 func cleanCgroups() error {
 	dirs := kubepodsCgroups()
+	killed := map[int]bool{}
 	for _, d := range dirs {
 		b, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
 		for _, f := range strings.Fields(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+			if pid, err := strconv.Atoi(f); err == nil && pid > 1 && !killed[pid] {
+				killed[pid] = true
 				logf("leftover container process %d in %s: killing it", pid, d)
 				syscall.Kill(pid, syscall.SIGKILL)
 			}

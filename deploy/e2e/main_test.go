@@ -210,7 +210,7 @@ func (c *cluster) down() {
 		c.kubectl("delete", "pvc", "--all", "-n", "default", "--wait=false")
 	}
 	stopProvisioner()
-	order := []string{"registrar", "node-plugin", "node-plugin-2", "controller-plugin", "keeper", "kubelet",
+	order := []string{"registrar", "node-plugin", "node-plugin-2", "controller-plugin", "keeper", "keeper-2", "kubelet",
 		"kube-controller-manager", "kube-apiserver", "etcd"}
 	for _, n := range order {
 		if p := c.procs.get(n); p != nil {
@@ -249,7 +249,7 @@ func (c *cluster) dumpDiagnostics() {
 	tails := []struct {
 		name  string
 		lines int
-	}{{"node-plugin", 100}, {"node-plugin-2", 60}, {"keeper", 40}, {"registrar", 40}, {"controller-plugin", 40},
+	}{{"node-plugin", 100}, {"node-plugin-2", 60}, {"keeper", 40}, {"keeper-2", 30}, {"registrar", 40}, {"controller-plugin", 40},
 		{"kubelet", 120}, {"containerd", 40}, {"kube-controller-manager", 30}, {"kube-apiserver", 20}, {"etcd", 10}}
 	for _, t := range tails {
 		b, err := os.ReadFile(filepath.Join(c.logDir, t.name+".log"))

@@ -617,10 +617,12 @@ func TestKubeletRestartWhileDriverDown(t *testing.T) {
 
 // --- 6. rolling upgrade ----------------------------------------------------
 
-// TestRollingUpgrade: a second node plugin starts beside the first (as a
-// DaemonSet rolling update with maxSurge does), takes the mounts over
-// from it through the keeper, and the first gets SIGTERM, while a pod
-// streams: no error, every byte in the store.
+// TestRollingUpgrade: as a DaemonSet rolling update with maxSurge does, a
+// second node pod (keeper and driver) starts beside the first; its keeper
+// takes the FUSE connections over from the old keeper, its driver adopts
+// the mounts once the old one has released them, and the old pod's
+// processes get SIGTERM, all while a pod streams: no error, every byte in
+// the store.
 func TestRollingUpgrade(t *testing.T) {
 	requireKeeper(t)
 	ctx := testContext(t)
@@ -632,24 +634,31 @@ func TestRollingUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitStream(t, ctx, pod.Name, 10)
-	// Upgrade to node-plugin-2, then back to node-plugin, so that later
-	// tests find the plugin under its usual name.
-	for _, step := range [][2]string{{"node-plugin", "node-plugin-2"}, {"node-plugin-2", "node-plugin"}} {
-		old, next := c.procs.get(step[0]), step[1]
-		t.Logf("starting %s beside %s (pid %d)", next, step[0], old.pid())
-		if err := c.startNodePlugin(next); err != nil {
+	// Upgrade to the "-2" processes, then back, so that later tests find
+	// them under their usual names.
+	for _, suffix := range [][2]string{{"", "-2"}, {"-2", ""}} {
+		oldKeeper, oldPlugin := c.procs.get("keeper"+suffix[0]), c.procs.get("node-plugin"+suffix[0])
+		newKeeper, newPlugin := "keeper"+suffix[1], "node-plugin"+suffix[1]
+		t.Logf("starting %s and %s beside %s (pid %d) and %s (pid %d)", newKeeper, newPlugin,
+			oldKeeper.name, oldKeeper.pid(), oldPlugin.name, oldPlugin.pid())
+		if _, err := c.procs.start(newKeeper, nil, c.blobfs, "keeper", "--socket="+c.keeperSocket()); err != nil {
 			t.Fatal(err)
 		}
-		if err := waitUntil(ctx, next+" serves", 60*time.Second, func() (bool, error) {
-			return strings.Contains(nodePluginLogSince(next), "CSI driver serving"), nil
+		if err := c.startNodePlugin(newPlugin); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitUntil(ctx, newPlugin+" serves", 90*time.Second, func() (bool, error) {
+			return strings.Contains(nodePluginLogSince(newPlugin), "CSI driver serving"), nil
 		}); err != nil {
 			t.Fatal(err)
 		}
 		waitStream(t, ctx, pod.Name, 5)
-		t.Logf("SIGTERM %s", step[0])
-		old.stop(syscall.SIGTERM, 2*time.Minute)
-		if old.err != nil {
-			t.Errorf("%s exited with %v after SIGTERM; want a clean exit", step[0], old.err)
+		for _, old := range []*process{oldPlugin, oldKeeper} {
+			t.Logf("SIGTERM %s", old.name)
+			old.stop(syscall.SIGTERM, 2*time.Minute)
+			if old.err != nil {
+				t.Errorf("%s exited with %v after SIGTERM; want a clean exit", old.name, old.err)
+			}
 		}
 		waitStream(t, ctx, pod.Name, 10)
 	}
