@@ -114,7 +114,7 @@ func (a *artifacts) ensureKube(repo string) error {
 	for _, c := range kubeCommands {
 		args = append(args, "k8s.io/kubernetes/cmd/"+c)
 	}
-	logf("building Kubernetes %s (%s) from the Go module proxy; cold this takes about 15 minutes", kubeVersion, strings.Join(kubeCommands, ", "))
+	logf("building Kubernetes %s (%s) from the Go module proxy; cold this takes 5 to 15 minutes", kubeVersion, strings.Join(kubeCommands, ", "))
 	start := time.Now()
 	cmd := exec.Command("nice", append([]string{"-n", "10", "go"}, args...)...)
 	cmd.Dir = filepath.Join(repo, "deploy", "e2e", "kube")

@@ -138,6 +138,10 @@ func pvcVolume(name, claim string, readOnly bool) corev1.Volume {
 // mounts); it runs in a child process so that this process never has a
 // file open on a FUSE mount whose server it might start.
 func readFileFromHost(path string) (string, error) {
-	out, err := exec.Command("cat", path).CombinedOutput()
+	// A mount whose server is gone but whose connection a keeper still
+	// holds makes readers wait: never wait forever.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "cat", path).CombinedOutput()
 	return string(out), err
 }

@@ -3,15 +3,18 @@ package e2e
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -40,7 +43,20 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
+	flag.Parse() // for -test.timeout, read below
 	os.Exit(run(m))
+}
+
+// testTimeout is go test's -timeout (0: none).
+func testTimeout() time.Duration {
+	if f := flag.Lookup("test.timeout"); f != nil {
+		if g, ok := f.Value.(flag.Getter); ok {
+			if d, ok := g.Get().(time.Duration); ok {
+				return d
+			}
+		}
+	}
+	return 0
 }
 
 func repoRoot() string {
@@ -121,22 +137,43 @@ func run(m *testing.M) (code int) {
 	theCluster = c
 
 	keep := os.Getenv("BLOBFS_E2E_KEEP") == "1"
-	defer func() {
-		if code != 0 {
-			c.dumpDiagnostics()
-		}
-		if keep {
-			logf("BLOBFS_E2E_KEEP=1: the cluster keeps running (KUBECONFIG=%s); the next run cleans up", c.adminKubeconfig)
-			return
-		}
-		c.down()
-		if errs := cleanUp(runDir, cacheDir); len(errs) > 0 {
-			logf("LEFT BEHIND: %v", errors.Join(errs...))
-			code = 1
-		} else {
-			logf("torn down: no process, mount, cgroup or socket left (logs in %s)", logDir)
-		}
-		logf("total %s", time.Since(start).Round(time.Second))
+	var tornDown sync.Once
+	teardown := func(code int) int {
+		tornDown.Do(func() {
+			if code != 0 {
+				c.dumpDiagnostics()
+			}
+			if keep {
+				logf("BLOBFS_E2E_KEEP=1: the cluster keeps running (KUBECONFIG=%s); the next run cleans up", c.adminKubeconfig)
+				return
+			}
+			c.down()
+			if errs := cleanUp(runDir, cacheDir); len(errs) > 0 {
+				logf("LEFT BEHIND: %v", errors.Join(errs...))
+				code = 1
+			} else {
+				logf("torn down: no process, mount, cgroup or socket left (logs in %s)", logDir)
+			}
+			logf("total %s", time.Since(start).Round(time.Second))
+		})
+		return code
+	}
+	defer func() { code = teardown(code) }()
+	// go test's -timeout panics without running deferred calls, and ^C
+	// or a cancelled CI job kills: tear down (and explain) first.
+	emergency := func(why string) {
+		logf("%s: printing diagnostics and tearing down", why)
+		teardown(1)
+		os.Exit(1)
+	}
+	if d := testTimeout(); d > 5*time.Minute {
+		time.AfterFunc(d-2*time.Minute, func() { emergency(fmt.Sprintf("2 minutes before go test's -timeout %s", d)) })
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		emergency("got " + s.String())
 	}()
 
 	ctx, cancel := context.WithCancel(context.Background())

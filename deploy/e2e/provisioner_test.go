@@ -136,7 +136,7 @@ func (p *provisioner) round(ctx context.Context) {
 				pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimDelete || pv.DeletionTimestamp != nil {
 				continue
 			}
-			p.report("pv "+pv.Name, p.delete(ctx, pv, ours[pv.Spec.StorageClassName]))
+			p.report("pv "+pv.Name, p.delete(ctx, pv))
 		}
 	}
 }
@@ -251,7 +251,9 @@ func (p *provisioner) provision(ctx context.Context, pvc corev1.PersistentVolume
 	return nil
 }
 
-func (p *provisioner) delete(ctx context.Context, pv corev1.PersistentVolume, sc storagev1.StorageClass) error {
+// delete finds the provisioner secret through the PV's annotations, as
+// the sidecar does (the class may be gone by then).
+func (p *provisioner) delete(ctx context.Context, pv corev1.PersistentVolume) error {
 	var secrets map[string]string
 	if name := pv.Annotations["volume.kubernetes.io/provisioner-deletion-secret-name"]; name != "" {
 		var s corev1.Secret

@@ -243,9 +243,8 @@ cat /data/dir/hello.txt`, pvcVolume("data", claim, false))
 			waitNoMounts(t, ctx, pvName, handle)
 			deleteClaim(t, ctx, claim, pvName)
 			if tc.retain {
-				// Deleted volume, kept container: give the provisioner's
-				// DeleteVolume time to have done its worst.
-				time.Sleep(2 * time.Second)
+				// The provisioner deletes the PV only after DeleteVolume
+				// returned: the container's fate is decided.
 				if ok, err := c.containerExists(ctx, container); err != nil || !ok {
 					t.Errorf("container %s of a retainContainer class: exists=%v (%v) after the volume was deleted; want it kept", container, ok, err)
 				}
@@ -572,10 +571,18 @@ func TestKubeletRestartWhileDriverDown(t *testing.T) {
 	}
 	second := c.podWith("kubelet-restart-2", "set -e; cat /data/first.txt; sleep 3600", pvcVolume("data", "kubelet-restart", false))
 	runPod(t, ctx, second)
-	// kubelet tries the volume while the driver is away.
-	time.Sleep(10 * time.Second)
-	if p, err := c.pod(second.Name); err == nil {
-		t.Logf("second pod while the driver is down: %s", p.Status.Phase)
+	// kubelet tries the volume while the driver is away, and fails.
+	if err := waitUntil(ctx, "kubelet failed to mount the second pod's volume while the driver is down", 120*time.Second, func() (bool, error) {
+		var evs corev1.EventList
+		if err := c.getJSON(&evs, "get", "events", "-n", "default", "--field-selector", "involvedObject.name="+second.Name+",reason=FailedMount"); err != nil {
+			return false, nil
+		}
+		if len(evs.Items) > 0 {
+			t.Logf("kubelet: %s", evs.Items[0].Message)
+		}
+		return len(evs.Items) > 0, nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 
 	back := time.Now()
