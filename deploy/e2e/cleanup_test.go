@@ -215,13 +215,34 @@ func cleanCgroups() error {
 	return last
 }
 
+// ourExecutables are the directories that hold every program the
+// harness runs: the blobfs under test (copied into the run directory), the
+// Kubernetes binaries and the unpacked Debian packages (containerd's shims
+// among them).
+func ourExecutables(runDir, cacheDir string) []string {
+	dirs := []string{filepath.Join(runDir, "state", "bin"), filepath.Join(cacheDir, "kube-"+kubeVersion)}
+	debian, _ := filepath.Glob(filepath.Join(cacheDir, "debian-root-*"))
+	return append(dirs, debian...)
+}
+
+// checkDir refuses a run or cache directory that cleaning up could harm:
+// the clean-up unmounts everything under the run directory and kills
+// processes run from these directories.
+func checkDir(what, dir string) error {
+	if !filepath.IsAbs(dir) || strings.Count(filepath.Clean(dir), "/") < 2 {
+		return fmt.Errorf("%s %q: use a dedicated directory at least two levels deep, like /var/lib/blobfs-e2e", what, dir)
+	}
+	return nil
+}
+
 // cleanUp removes everything a run (finished or killed) left behind. It
 // returns what it could not clean.
 func cleanUp(runDir, cacheDir string) []error {
 	var errs []error
 	killRecorded(filepath.Join(runDir, "pids"))
+	ours := ourExecutables(runDir, cacheDir)
 	for round := 0; round < 10; round++ {
-		left := processesUnder(cacheDir, runDir)
+		left := processesUnder(ours...)
 		if len(left) == 0 {
 			break
 		}
@@ -255,7 +276,7 @@ func cleanUp(runDir, cacheDir string) []error {
 			errs = append(errs, err)
 		}
 	}
-	if left := processesUnder(cacheDir, runDir); len(left) > 0 {
+	if left := processesUnder(ours...); len(left) > 0 {
 		errs = append(errs, fmt.Errorf("processes still running: %v", left))
 	}
 	if cg := kubepodsCgroups(); len(cg) > 0 {

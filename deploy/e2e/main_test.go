@@ -83,6 +83,12 @@ func run(m *testing.M) (code int) {
 	home, _ := os.UserHomeDir()
 	cacheDir, _ := filepath.Abs(envOr("BLOBFS_E2E_CACHE", filepath.Join(home, ".cache", "blobfs-e2e")))
 	runDir, _ := filepath.Abs(envOr("BLOBFS_E2E_RUN", "/var/lib/blobfs-e2e"))
+	for what, dir := range map[string]string{"BLOBFS_E2E_CACHE": cacheDir, "BLOBFS_E2E_RUN": runDir} {
+		if err := checkDir(what, dir); err != nil {
+			logf("%v", err)
+			return 1
+		}
+	}
 	port, err := strconv.Atoi(envOr("BLOBFS_E2E_AZURITE_PORT", "10180"))
 	if err != nil {
 		logf("BLOBFS_E2E_AZURITE_PORT: %v", err)
