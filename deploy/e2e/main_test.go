@@ -247,6 +247,15 @@ func (c *cluster) installBlobfs() error {
 // kubelet and the control plane. cleanUp removes whatever remains.
 func (c *cluster) down() {
 	if c.adminKubeconfig != "" && c.procs.get("kube-apiserver") != nil && !c.procs.get("kube-apiserver").exited() {
+		// kubelet needs the driver to unmount the pods' volumes: a test
+		// that stopped in the middle of a restart may have left it down.
+		if c.procs.get("node-plugin") != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			if err := c.ensureDriverUp(ctx); err != nil {
+				logf("driver not up for the pods' deletion: %v", err)
+			}
+			cancel()
+		}
 		if out, err := c.kubectl("delete", "pods", "--all", "-n", "default", "--wait=true", "--timeout=120s"); err != nil {
 			logf("deleting pods: %v: %s", err, out)
 		}

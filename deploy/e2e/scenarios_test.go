@@ -83,7 +83,12 @@ func runPod(t *testing.T, ctx context.Context, p *corev1.Pod) {
 	if err := c.apply(p); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.deletePod(context.Background(), p.Name) })
+	t.Cleanup(func() {
+		if err := c.ensureDriverUp(context.Background()); err != nil {
+			t.Errorf("before deleting pod %s: %v", p.Name, err)
+		}
+		c.deletePod(context.Background(), p.Name)
+	})
 }
 
 // podLog returns the pod's log.
@@ -170,6 +175,60 @@ func nodePluginLogSince(name string) string {
 		s = s[i:]
 	}
 	return s
+}
+
+// logMark returns a function that reads what a component logged after
+// the call to logMark.
+func logMark(name string) func() string {
+	path := filepath.Join(theCluster.logDir, name+".log")
+	var from int64
+	if fi, err := os.Stat(path); err == nil {
+		from = fi.Size()
+	}
+	return func() string {
+		b, _ := os.ReadFile(path)
+		if int64(len(b)) < from {
+			return ""
+		}
+		return string(b[from:])
+	}
+}
+
+// keepDriverUp makes sure, when the test ends, that kubelet, the keeper
+// and the node plugin run and the driver is registered, so that a
+// scenario that fails half-way through a restart does not fail the next
+// ones too. (Pods' clean-ups do the same before deleting them: kubelet
+// needs the driver to unmount their volumes.)
+func keepDriverUp(t *testing.T) {
+	t.Cleanup(func() {
+		if err := theCluster.ensureDriverUp(context.Background()); err != nil {
+			t.Errorf("after the test: %v", err)
+		}
+	})
+}
+
+func (c *cluster) ensureDriverUp(ctx context.Context) error {
+	if p := c.procs.get("kubelet"); p == nil || p.exited() {
+		if err := c.startKubelet(); err != nil {
+			return err
+		}
+		if err := c.waitNodeReady(ctx); err != nil {
+			return err
+		}
+	}
+	if c.haveKeeper() {
+		if p := c.procs.get("keeper"); p == nil || p.exited() {
+			if err := c.startKeeper(); err != nil {
+				return err
+			}
+		}
+	}
+	if p := c.procs.get("node-plugin"); p == nil || p.exited() {
+		if err := c.startNodePlugin("node-plugin"); err != nil {
+			return err
+		}
+	}
+	return c.waitDriverRegistered(ctx, 120*time.Second)
 }
 
 func requireKeeper(t *testing.T) {
@@ -446,6 +505,7 @@ func finishStream(t *testing.T, ctx context.Context, pod, container string) {
 func TestDriverKilledWhileStreaming(t *testing.T) {
 	requireKeeper(t)
 	ctx := testContext(t)
+	keepDriverUp(t)
 	c := theCluster
 	_, container := newClaim(t, ctx, "stream-kill", classDelete)
 	pod := c.podWith("stream-kill", streamScript, pvcVolume("data", "stream-kill", false))
@@ -475,6 +535,7 @@ func TestDriverKilledWhileStreaming(t *testing.T) {
 // calls NodePublishVolume without NodeStageVolume for it.
 func TestDriverAndKeeperKilled(t *testing.T) {
 	ctx := testContext(t)
+	keepDriverUp(t)
 	c := theCluster
 	pvName, _ := newClaim(t, ctx, "crash", classDelete)
 	staging := stagingPath(volumeHandle(t, pvName))
@@ -552,6 +613,7 @@ func TestDriverAndKeeperKilled(t *testing.T) {
 // no pod stays in ContainerCreating.
 func TestKubeletRestartWhileDriverDown(t *testing.T) {
 	ctx := testContext(t)
+	keepDriverUp(t)
 	c := theCluster
 	newClaim(t, ctx, "kubelet-restart", classDelete)
 	first := c.podWith("kubelet-restart-1", "set -e; echo first > /data/first.txt; sleep 3600", pvcVolume("data", "kubelet-restart", false))
@@ -562,6 +624,7 @@ func TestKubeletRestartWhileDriverDown(t *testing.T) {
 
 	t.Logf("SIGKILL node plugin, then restart kubelet")
 	c.procs.get("node-plugin").kill()
+	registrarLog := logMark("registrar")
 	c.procs.get("kubelet").stop(syscall.SIGTERM, 60*time.Second)
 	if err := c.startKubelet(); err != nil {
 		t.Fatal(err)
@@ -569,18 +632,27 @@ func TestKubeletRestartWhileDriverDown(t *testing.T) {
 	if err := c.waitNodeReady(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The new kubelet finds the registration socket, cannot reach the
+	// driver, and says so: the moment kubelet's retries would start to
+	// back off.
+	if err := waitUntil(ctx, "the restarted kubelet tried to register the driver and failed", 120*time.Second, func() (bool, error) {
+		return strings.Contains(registrarLog(), "kubelet could not register the driver"), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	second := c.podWith("kubelet-restart-2", "set -e; cat /data/first.txt; sleep 3600", pvcVolume("data", "kubelet-restart", false))
 	runPod(t, ctx, second)
-	// kubelet tries the volume while the driver is away, and fails.
-	if err := waitUntil(ctx, "kubelet failed to mount the second pod's volume while the driver is down", 120*time.Second, func() (bool, error) {
-		var evs corev1.EventList
-		if err := c.getJSON(&evs, "get", "events", "-n", "default", "--field-selector", "involvedObject.name="+second.Name+",reason=FailedMount"); err != nil {
+	if err := waitUntil(ctx, "kubelet holds the second pod in ContainerCreating (its volume needs the driver)", 120*time.Second, func() (bool, error) {
+		p, err := c.pod(second.Name)
+		if err != nil {
 			return false, nil
 		}
-		if len(evs.Items) > 0 {
-			t.Logf("kubelet: %s", evs.Items[0].Message)
+		for _, s := range p.Status.ContainerStatuses {
+			if s.State.Waiting != nil && s.State.Waiting.Reason == "ContainerCreating" {
+				return true, nil
+			}
 		}
-		return len(evs.Items) > 0, nil
+		return false, nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -633,6 +705,7 @@ func TestKubeletRestartWhileDriverDown(t *testing.T) {
 func TestRollingUpgrade(t *testing.T) {
 	requireKeeper(t)
 	ctx := testContext(t)
+	keepDriverUp(t)
 	c := theCluster
 	_, container := newClaim(t, ctx, "stream-upgrade", classDelete)
 	pod := c.podWith("stream-upgrade", streamScript, pvcVolume("data", "stream-upgrade", false))
