@@ -4,7 +4,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 BIN     := bin/blobfs
 DEMO_MNT ?= /tmp/blobfs
 
-.PHONY: build demo test test-short test-csi image bench bench-restart lint clean
+.PHONY: build demo test test-short test-csi e2e image bench bench-restart lint clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/blobfs
@@ -26,6 +26,14 @@ test:
 test-csi:
 	BLOBFS_TEST_AZURITE=$${BLOBFS_TEST_AZURITE:-http://127.0.0.1:10000/devstoreaccount1} \
 		$(GO) test -race -count=1 ./csi/... ./deploy/... ./cmd/...
+
+# End-to-end tests on a real kubelet (deploy/e2e): a single-node Kubernetes
+# built on this machine, blobfs's CSI driver on the host, Azurite as the
+# store; torn down afterwards. Root only; one run per machine. One
+# scenario: make e2e E2E_ARGS='-run TestDynamicProvisioning'.
+E2E_ARGS ?=
+e2e: build
+	BLOBFS_E2E=1 BLOBFS_E2E_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 90m -v ./deploy/e2e $(E2E_ARGS)
 
 # The container image of the CSI driver (controller and node plugin).
 image:

@@ -42,6 +42,13 @@ const (
 	keyEphemeral      = "csi.storage.k8s.io/ephemeral"
 	keyPodNamespace   = "csi.storage.k8s.io/pod.namespace"
 	keyServiceAccount = "csi.storage.k8s.io/serviceAccount.name"
+
+	// The external-provisioner writes its identity
+	// (storage.kubernetes.io/csiProvisionerIdentity) into the volume
+	// attributes of every PV it creates, so NodeStageVolume and
+	// NodePublishVolume receive it. Keys with this prefix are accepted
+	// and ignored.
+	kubernetesPrefix = "storage.kubernetes.io/"
 )
 
 // knownParams are the accepted parameter names, as users write them (for
@@ -112,6 +119,9 @@ func parseParams(m map[string]string, field string) (volumeParams, error) {
 			}
 			continue
 		}
+		if strings.HasPrefix(lk, kubernetesPrefix) {
+			continue
+		}
 		switch lk {
 		case paramStorageAccount:
 			if v != "" && !validAccount(v) {
@@ -154,7 +164,7 @@ func parseParams(m map[string]string, field string) (volumeParams, error) {
 		case paramIdentityClientID:
 			p.IdentityClientID = v
 		default:
-			return p, fmt.Errorf("%s: unknown parameter %q (known: %s, and csi.storage.k8s.io/*)", field, clip(k, 80), strings.Join(knownParams, ", "))
+			return p, fmt.Errorf("%s: unknown parameter %q (known: %s, and csi.storage.k8s.io/*, storage.kubernetes.io/*)", field, clip(k, 80), strings.Join(knownParams, ", "))
 		}
 	}
 	if (p.SecretName == "") != (p.SecretNamespace == "") && !p.Ephemeral {

@@ -12,8 +12,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 // SecretGetter reads a Kubernetes Secret's data: how the secretName and
@@ -74,7 +77,9 @@ func (k *kubeSecrets) GetSecret(ctx context.Context, namespace, name string) (ma
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+token)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := k.hc.Do(req)
 	if err != nil {
@@ -105,4 +110,125 @@ func (k *kubeSecrets) GetSecret(ctx context.Context, namespace, name string) (ma
 		out[k] = string(v)
 	}
 	return out, nil
+}
+
+// KubeconfigSecrets returns a SecretGetter that reads Secrets with the
+// current context of a kubeconfig file: for a driver that runs outside a
+// pod (on the host, under systemd, in the end-to-end tests). It
+// understands the fields such a node needs: the server, its CA (file or
+// data), and a client certificate (file or data) or a bearer token (or
+// token file).
+func KubeconfigSecrets(path string) (SecretGetter, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	var kc struct {
+		CurrentContext string `json:"current-context"`
+		Contexts       []struct {
+			Name    string `json:"name"`
+			Context struct {
+				Cluster string `json:"cluster"`
+				User    string `json:"user"`
+			} `json:"context"`
+		} `json:"contexts"`
+		Clusters []struct {
+			Name    string `json:"name"`
+			Cluster struct {
+				Server                   string `json:"server"`
+				CertificateAuthority     string `json:"certificate-authority"`
+				CertificateAuthorityData []byte `json:"certificate-authority-data"`
+			} `json:"cluster"`
+		} `json:"clusters"`
+		Users []struct {
+			Name string `json:"name"`
+			User struct {
+				ClientCertificate     string `json:"client-certificate"`
+				ClientCertificateData []byte `json:"client-certificate-data"`
+				ClientKey             string `json:"client-key"`
+				ClientKeyData         []byte `json:"client-key-data"`
+				Token                 string `json:"token"`
+				TokenFile             string `json:"tokenFile"`
+			} `json:"user"`
+		} `json:"users"`
+	}
+	if err := yaml.Unmarshal(b, &kc); err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	var clusterName, userName string
+	for _, c := range kc.Contexts {
+		if c.Name == kc.CurrentContext {
+			clusterName, userName = c.Context.Cluster, c.Context.User
+		}
+	}
+	if clusterName == "" {
+		return nil, fmt.Errorf("kubeconfig %s: current-context %q names no context with a cluster", path, kc.CurrentContext)
+	}
+	// Relative file names in a kubeconfig are relative to its directory.
+	rel := func(p string) string {
+		if p != "" && !filepath.IsAbs(p) {
+			return filepath.Join(filepath.Dir(path), p)
+		}
+		return p
+	}
+	pick := func(data []byte, file, what string) ([]byte, error) {
+		if len(data) > 0 || file == "" {
+			return data, nil
+		}
+		d, err := os.ReadFile(rel(file))
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %s: %w", path, what, err)
+		}
+		return d, nil
+	}
+	ks := &kubeSecrets{}
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	found := false
+	for _, c := range kc.Clusters {
+		if c.Name != clusterName {
+			continue
+		}
+		found = true
+		ks.host = strings.TrimRight(c.Cluster.Server, "/")
+		ca, err := pick(c.Cluster.CertificateAuthorityData, c.Cluster.CertificateAuthority, "certificate-authority")
+		if err != nil {
+			return nil, err
+		}
+		if len(ca) > 0 {
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(ca) {
+				return nil, fmt.Errorf("kubeconfig %s: no certificate in the cluster's certificate authority", path)
+			}
+			tlsCfg.RootCAs = pool
+		}
+	}
+	if !found || ks.host == "" {
+		return nil, fmt.Errorf("kubeconfig %s: cluster %q has no server", path, clusterName)
+	}
+	for _, u := range kc.Users {
+		if u.Name != userName {
+			continue
+		}
+		cert, err := pick(u.User.ClientCertificateData, u.User.ClientCertificate, "client-certificate")
+		if err != nil {
+			return nil, err
+		}
+		key, err := pick(u.User.ClientKeyData, u.User.ClientKey, "client-key")
+		if err != nil {
+			return nil, err
+		}
+		if len(cert) > 0 || len(key) > 0 {
+			pair, err := tls.X509KeyPair(cert, key)
+			if err != nil {
+				return nil, fmt.Errorf("kubeconfig %s: client certificate: %w", path, err)
+			}
+			tlsCfg.Certificates = []tls.Certificate{pair}
+		}
+		ks.token = u.User.Token
+		if u.User.TokenFile != "" {
+			ks.tokenFile = rel(u.User.TokenFile)
+		}
+	}
+	ks.hc = &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
+	return ks, nil
 }

@@ -118,6 +118,15 @@ func TestParamsAndSecrets(t *testing.T) {
 	if ep := p.endpoint(); ep != "https://acct.privatelink.blob.core.windows.net/" {
 		t.Errorf("endpoint = %q", ep)
 	}
+	// What the external-provisioner puts into every PV's volumeAttributes;
+	// kubelet passes it on to NodeStageVolume and NodePublishVolume.
+	if _, err := parseParams(map[string]string{"storageAccount": "acct",
+		"storage.kubernetes.io/csiProvisionerIdentity": "1767225600000-8081-blob.csi.blobfs.io"}, "volume_context"); err != nil {
+		t.Errorf("the provisioner's identity key was refused: %v", err)
+	}
+	if _, err := parseParams(map[string]string{"storageAcount": "acct"}, "parameters"); err == nil || !strings.Contains(err.Error(), `"storageAcount"`) {
+		t.Errorf("a misspelt parameter: err = %v, want one naming it", err)
+	}
 	if _, err := parseParams(map[string]string{"secretName": "s"}, "parameters"); err == nil {
 		t.Error("secretName without secretNamespace accepted")
 	}

@@ -190,7 +190,7 @@ func TestManifestsFitTogether(t *testing.T) {
 	for _, c := range ds.Spec.Template.Spec.Containers {
 		containers[c.Name] = c
 	}
-	for _, want := range []string{"blobfs", "node-driver-registrar", "liveness-probe"} {
+	for _, want := range []string{"blobfs", "registrar", "liveness-probe"} {
 		if _, ok := containers[want]; !ok {
 			t.Errorf("node DaemonSet lacks container %s", want)
 		}
@@ -211,7 +211,7 @@ func TestManifestsFitTogether(t *testing.T) {
 	if !bidir || !fuse {
 		t.Errorf("node plugin mounts: kubelet dir bidirectional %v, /dev/fuse %v", bidir, fuse)
 	}
-	if !strings.Contains(strings.Join(containers["node-driver-registrar"].Args, " "), "/var/lib/kubelet/plugins/"+driverName+"/csi.sock") {
+	if !strings.Contains(strings.Join(containers["registrar"].Args, " "), "/var/lib/kubelet/plugins/"+driverName+"/csi.sock") {
 		t.Error("registrar registers another socket path")
 	}
 	var prov bool

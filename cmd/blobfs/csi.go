@@ -15,9 +15,10 @@ import (
 
 // csiFlags are the flags of `blobfs csi`; keep README's table in step.
 type csiFlags struct {
-	cfg      csi.Config
-	mode     string
-	logLevel string
+	cfg        csi.Config
+	mode       string
+	logLevel   string
+	kubeconfig string
 }
 
 func registerCSIFlags(fl *flag.FlagSet, f *csiFlags) {
@@ -40,6 +41,7 @@ func registerCSIFlags(fl *flag.FlagSet, f *csiFlags) {
 	fl.StringVar(&f.cfg.KeeperSocket, "keeper-socket", "", "socket of a `blobfs keeper` that holds the mounts across restarts of this driver (default: none; mounts die with the driver and are mounted again at start-up)")
 	fl.DurationVar(&f.cfg.HealthInterval, "health-interval", 30*time.Second, "how often the node checks its mounts and repairs dead ones (0 disables)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "read Secrets (secretName) through this kubeconfig instead of the pod's service account: for a driver run outside a pod")
 }
 
 func runCSI(args []string) error {
@@ -78,6 +80,11 @@ func runCSI(args []string) error {
 	}
 	f.cfg.Version = version
 	f.cfg.Logger = logger
+	if f.kubeconfig != "" {
+		if f.cfg.Secrets, err = csi.KubeconfigSecrets(f.kubeconfig); err != nil {
+			return err
+		}
+	}
 	d, err := csi.New(f.cfg)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@
 //	blobfs mount [flags] MOUNTPOINT      mount (in the background unless --foreground)
 //	blobfs unmount [-z] MOUNTPOINT       unmount
 //	blobfs csi [flags]                   the Kubernetes CSI driver
+//	blobfs registrar [flags]             registers the CSI node plugin with kubelet
 //	blobfs --version
 //
 // In the background, `blobfs mount` is a supervisor that holds the mount and
@@ -45,6 +46,7 @@ const usage = `usage:
   blobfs unmount [-z] MOUNTPOINT      unmount; -z detaches a busy mount lazily
   blobfs csi [flags]                  the Kubernetes CSI driver (see blobfs csi --help)
   blobfs keeper --socket PATH         hold the driver's FUSE mounts across its restarts
+  blobfs registrar [flags]            registers the CSI node plugin with kubelet
   blobfs --version
   mount.blobfs SOURCE MOUNTPOINT [-o OPTIONS]   (as called by mount(8) and fstab)`
 
@@ -66,6 +68,8 @@ func run(args []string) error {
 		return runKeeper(args[2:])
 	case workerMode:
 		return runMountWorker(args[2:])
+	case "registrar":
+		return runRegistrar(args[2:])
 	case "--version", "-version", "version":
 		fmt.Println("blobfs", version)
 		return nil
