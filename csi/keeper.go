@@ -142,6 +142,9 @@ func (m *BlobfsMounter) adopt(h fusefs.HeldMount) (AdoptedMount, error) {
 	return AdoptedMount{Target: rec.Target, Spec: rec.Spec}, nil
 }
 
+// Released tells whether another driver took the mounts over.
+func (m *BlobfsMounter) Released() bool { return m.keeper != nil && m.keeper.Released() }
+
 // releaseAll stops serving every mount, between requests, and closes their
 // filesystems: another process adopts them. Called by the keeper client.
 func (m *BlobfsMounter) releaseAll() {

@@ -72,6 +72,11 @@ func (d *Driver) healthLoop(ctx context.Context) {
 // checkMounts repairs what it can of every recorded volume. A volume busy
 // with an RPC is skipped until the next round.
 func (d *Driver) checkMounts(ctx context.Context) {
+	if r, ok := d.mounter.(interface{ Released() bool }); ok && r.Released() {
+		// Another driver serves the mounts now (an upgrade): a slow
+		// answer of its is not this one's to "repair".
+		return
+	}
 	for _, rec := range d.state.List() {
 		if ctx.Err() != nil {
 			return

@@ -241,7 +241,7 @@ func (r *restartRig) teardown(targets ...string) {
 	}
 }
 
-// storeContent returns the sha256 of every blob in the container.
+// storeContent returns the sha256 of every file blob in the container.
 func (r *restartRig) storeContent() map[string]string {
 	store, err := blobstore.NewAzure(r.cfg)
 	if err != nil {
@@ -256,6 +256,9 @@ func (r *restartRig) storeContent() map[string]string {
 			r.t.Fatal(err)
 		}
 		for _, b := range page.Blobs {
+			if b.Metadata["hdi_isfolder"] == "true" {
+				continue // a directory's marker
+			}
 			buf := make([]byte, b.Size)
 			if b.Size > 0 {
 				if _, err := store.ReadAt(ctx, b.Name, buf, 0, ""); err != nil {
