@@ -103,6 +103,20 @@ func mountsUnder(t *testing.T, dir string) []string {
 	return out
 }
 
+// newPublishedRig starts a keeper and a driver, stages the volume and
+// publishes it for one pod, whose target it returns.
+func newPublishedRig(t *testing.T) (*restartRig, string) {
+	r := newRestartRig(t)
+	r.startKeeper()
+	r.startDriver()
+	r.stage()
+	target, err := r.publish("pod-a", nil)
+	if err != nil {
+		t.Fatalf("NodePublishVolume: %v", err)
+	}
+	return r, target
+}
+
 func (r *restartRig) startKeeper() {
 	r.keeper = exec.Command(r.bin, "keeper", "--socket", r.keeperSock)
 	r.keeper.Stderr = r.driverLog
@@ -379,14 +393,7 @@ func stopFile(t *testing.T) (path string, stop func()) {
 // random moments and restarted, 20 times. Expected: no application sees an
 // error, and afterwards the store holds exactly what they acknowledged.
 func TestDriverKilledUnderLoad(t *testing.T) {
-	r := newRestartRig(t)
-	r.startKeeper()
-	r.startDriver()
-	r.stage()
-	target, err := r.publish("pod-a", nil)
-	if err != nil {
-		t.Fatalf("NodePublishVolume: %v", err)
-	}
+	r, target := newPublishedRig(t)
 	stopPath, stop := stopFile(t)
 	var apps []*app
 	for i := range 3 {
@@ -441,14 +448,7 @@ func restartRepeatedly(t *testing.T, r *restartRig, n int) []time.Time {
 // streams a file; the first is then stopped with SIGTERM. Expected: no
 // error, the mount still serves, and the first driver left it alone.
 func TestDriverUpgradeHandoff(t *testing.T) {
-	r := newRestartRig(t)
-	r.startKeeper()
-	r.startDriver()
-	r.stage()
-	target, err := r.publish("pod-a", nil)
-	if err != nil {
-		t.Fatalf("NodePublishVolume: %v", err)
-	}
+	r, target := newPublishedRig(t)
 	data := make([]byte, 24<<20)
 	crand.Read(data)
 	if err := os.WriteFile(filepath.Join(target, "big.bin"), data, 0o644); err != nil {
@@ -508,14 +508,7 @@ func waitExit(cmd *exec.Cmd, within time.Duration) error {
 // the staging mount with the credentials in the request; the data is
 // there.
 func TestKeeperAndDriverKilled(t *testing.T) {
-	r := newRestartRig(t)
-	r.startKeeper()
-	r.startDriver()
-	r.stage()
-	target, err := r.publish("pod-a", nil)
-	if err != nil {
-		t.Fatalf("NodePublishVolume: %v", err)
-	}
+	r, target := newPublishedRig(t)
 	if err := os.WriteFile(filepath.Join(target, "kept.txt"), []byte("still here"), 0o644); err != nil {
 		t.Fatal(err)
 	}
