@@ -88,6 +88,11 @@ func (fs *FS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *
 	intent := fs.beginIntent(&in.InHeader, dir.id, 0, name, "")
 	a, err := fs.store.Put(ctx, path, nil, blobstore.PutOptions{Metadata: folderMeta, Conditions: blobstore.Conditions{IfNoneMatch: true}})
 	if err != nil {
+		// The first run's Put may reach the store after its process
+		// died, while this one looked: the marker is then ours.
+		if isResent && errors.Is(err, blobstore.ErrAlreadyExists) && fs.resentMade(ctx, resent, dir, dirPath, name, kindDir, out) {
+			return fuse.OK
+		}
 		fs.dropIntent(intent)
 		return toStatus(err)
 	}
