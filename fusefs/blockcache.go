@@ -13,10 +13,13 @@ import (
 // blockCache holds fixed-size blocks of blob content in memory.
 //
 // A block is keyed by blob name, ETag and index, so a rewritten blob never
-// serves stale bytes: its old blocks simply age out. Memory is bounded: at
-// most maxBlocks buffers of blockSize bytes ever exist, recycled through a
-// free list, and a fetch in flight holds one. When every buffer is in use,
-// demand reads wait for one and read-ahead is skipped.
+// serves stale bytes: its old blocks simply age out. Memory is bounded by
+// bytes: the buffers that exist never add up to more than capacity. A full
+// block's buffer (blockSize bytes) is recycled through a free list; the
+// last block of a blob gets a buffer of its own length, so that a cache
+// full of small files holds thousands of them, not capacity/blockSize. A
+// fetch in flight holds its buffer. When no room is left, demand reads wait
+// for a buffer to be unpinned and read-ahead is skipped.
 //
 // Concurrent readers of the same block share one GET. A failed fetch is
 // forgotten once its waiters have seen the error, so the next read retries.
@@ -27,15 +30,15 @@ import (
 type blockCache struct {
 	store     blobstore.Store
 	blockSize int64
-	maxBlocks int
+	capacity  int64
 	fetchSem  chan struct{} // bounds read-ahead fetches in flight
 
-	mu        sync.Mutex
-	cond      *sync.Cond
-	blocks    map[blockKey]*block
-	lru       *list.List // fetched, unpinned blocks; front is most recent
-	free      [][]byte
-	allocated int
+	mu     sync.Mutex
+	cond   *sync.Cond
+	blocks map[blockKey]*block
+	lru    *list.List // fetched, unpinned blocks; front is most recent
+	free   [][]byte   // full-size buffers not in use
+	used   int64      // bytes of every buffer that exists, free ones included
 
 	hits, misses uint64 // guarded by mu
 }
@@ -59,7 +62,7 @@ func newBlockCache(store blobstore.Store, blockSize, capacity int64, maxFetches 
 	c := &blockCache{
 		store:     store,
 		blockSize: blockSize,
-		maxBlocks: int(capacity / blockSize),
+		capacity:  capacity,
 		fetchSem:  make(chan struct{}, maxFetches),
 		blocks:    map[blockKey]*block{},
 		lru:       list.New(),
@@ -102,7 +105,7 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 		c.mu.Unlock()
 	} else {
 		c.misses++
-		buf, ok := c.allocLocked(true)
+		buf, ok := c.allocLocked(c.blockLen(key.idx, size), true)
 		if !ok {
 			c.mu.Unlock()
 			return nil, errors.New("block cache: no buffer")
@@ -110,8 +113,7 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 		// Another reader may have started the same block while we
 		// waited for a buffer.
 		if other := c.blocks[key]; other != nil {
-			c.free = append(c.free, buf)
-			c.cond.Signal()
+			c.releaseBufLocked(buf)
 			b = other
 			c.pinLocked(b)
 			c.mu.Unlock()
@@ -137,27 +139,34 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 }
 
 // prefetch starts fetching a block in the background unless it is cached,
-// in flight, or no buffer is free without waiting.
-func (c *blockCache) prefetch(key blockKey, size int64) {
+// in flight, or no buffer is free without waiting. It reports whether the
+// block is now cached or on its way.
+func (c *blockCache) prefetch(key blockKey, size int64) bool {
 	if key.idx*c.blockSize >= size {
-		return
+		return false
 	}
+	c.mu.Lock()
+	if c.blocks[key] != nil {
+		c.mu.Unlock()
+		return true
+	}
+	c.mu.Unlock()
 	select {
 	case c.fetchSem <- struct{}{}:
 	default:
-		return
+		return false
 	}
 	c.mu.Lock()
 	if c.blocks[key] != nil {
 		c.mu.Unlock()
 		<-c.fetchSem
-		return
+		return true
 	}
-	buf, ok := c.allocLocked(false)
+	buf, ok := c.allocLocked(c.blockLen(key.idx, size), false)
 	if !ok {
 		c.mu.Unlock()
 		<-c.fetchSem
-		return
+		return false
 	}
 	// Pinned by the fetch itself so that it cannot be evicted half-filled.
 	b := &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1}
@@ -168,6 +177,12 @@ func (c *blockCache) prefetch(key blockKey, size int64) {
 		c.fetch(b, size)
 		c.unpin(b)
 	}()
+	return true
+}
+
+// blockLen is the length of block idx of a blob of the given size.
+func (c *blockCache) blockLen(idx, size int64) int64 {
+	return max(min(c.blockSize, size-idx*c.blockSize), 0)
 }
 
 // fetch fills b from the store. It does not depend on any one reader's
@@ -212,40 +227,62 @@ func (c *blockCache) unpin(b *block) {
 	}
 	if c.blocks[b.key] != b {
 		// Failed or dropped: its buffer goes straight back.
-		c.free = append(c.free, b.buf[:cap(b.buf)])
-		c.cond.Signal()
+		c.releaseBufLocked(b.buf)
 		return
 	}
 	b.elem = c.lru.PushFront(b)
 	c.cond.Signal()
 }
 
-// allocLocked returns a block buffer: a free one, a new one while under the
-// bound, or the least recently used block's. With wait it blocks until one
-// is unpinned.
-func (c *blockCache) allocLocked(wait bool) ([]byte, bool) {
+// allocLocked returns a buffer of n bytes: a free full-size one, a new one
+// while the bytes allowed are not all used, or the memory of least recently
+// used blocks. With wait it blocks until a block is unpinned.
+func (c *blockCache) allocLocked(n int64, wait bool) ([]byte, bool) {
 	for {
-		if n := len(c.free); n > 0 {
-			buf := c.free[n-1]
-			c.free = c.free[:n-1]
-			return buf[:c.blockSize], true
+		if n == c.blockSize {
+			if k := len(c.free); k > 0 {
+				buf := c.free[k-1]
+				c.free = c.free[:k-1]
+				return buf[:n], true
+			}
 		}
-		if c.allocated < c.maxBlocks {
-			c.allocated++
-			return make([]byte, c.blockSize), true
+		if c.used+n <= c.capacity {
+			c.used += n
+			return make([]byte, n), true
+		}
+		if k := len(c.free); k > 0 {
+			// Room is held by a full-size buffer this small one
+			// does not need.
+			c.used -= int64(cap(c.free[k-1]))
+			c.free = c.free[:k-1]
+			continue
 		}
 		if e := c.lru.Back(); e != nil {
 			b := e.Value.(*block)
 			c.lru.Remove(e)
 			b.elem = nil
 			delete(c.blocks, b.key)
-			return b.buf[:c.blockSize], true
+			if int64(cap(b.buf)) == n {
+				return b.buf[:n], true
+			}
+			c.used -= int64(cap(b.buf))
+			continue
 		}
 		if !wait {
 			return nil, false
 		}
 		c.cond.Wait()
 	}
+}
+
+// releaseBufLocked takes back a buffer no block holds any more.
+func (c *blockCache) releaseBufLocked(buf []byte) {
+	if int64(cap(buf)) == c.blockSize {
+		c.free = append(c.free, buf[:cap(buf)])
+	} else {
+		c.used -= int64(cap(buf))
+	}
+	c.cond.Signal()
 }
 
 // stats returns hit and miss counts.

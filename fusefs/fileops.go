@@ -213,6 +213,9 @@ func (fs *FS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) f
 			return toStatus(err)
 		}
 	}
+	if !write {
+		fs.prefetchAfterOpen(path)
+	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	h := fs.newHandleLocked(n, of, write)

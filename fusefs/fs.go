@@ -33,6 +33,9 @@ type FS struct {
 	spillDir string
 	blocks   *blockCache
 	lists    *listCache
+	// prefetcher fetches the next small files of a directory read file
+	// by file (fileprefetch.go).
+	prefetcher filePrefetcher
 	// uploadSlots bounds the blocks being streamed up, over all files.
 	uploadSlots chan struct{}
 

@@ -56,6 +56,7 @@ func (c *listCache) isLarge(dir string) bool {
 type listing struct {
 	expiry  time.Time
 	entries map[string]dirEntry
+	sorted  []string // entries' names in order; nil until asked for, and after a change
 }
 
 // dirEntry is what a listing says about one name.
@@ -120,6 +121,33 @@ func (c *listCache) snapshot(dir string) (names []string, entries map[string]dir
 	return names, entries, true
 }
 
+// following returns up to max entries of dir's fresh listing that come
+// after name, in name order; none when dir has no fresh listing.
+func (c *listCache) following(dir, name string, max int) []dirItem {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.freshLocked(dir)
+	if l == nil {
+		return nil
+	}
+	if l.sorted == nil {
+		l.sorted = make([]string, 0, len(l.entries))
+		for n := range l.entries {
+			l.sorted = append(l.sorted, n)
+		}
+		sort.Strings(l.sorted)
+	}
+	i, found := sort.Find(len(l.sorted), func(i int) int { return strings.Compare(name, l.sorted[i]) })
+	if found {
+		i++
+	}
+	var out []dirItem
+	for ; i < len(l.sorted) && len(out) < max; i++ {
+		out = append(out, dirItem{name: l.sorted[i], entry: l.entries[l.sorted[i]]})
+	}
+	return out
+}
+
 // set records name in dir's listing if one is cached.
 func (c *listCache) set(dir, name string, e dirEntry) {
 	c.mu.Lock()
@@ -127,6 +155,7 @@ func (c *listCache) set(dir, name string, e dirEntry) {
 	if l := c.dirs[dir]; l != nil {
 		if _, had := l.entries[name]; !had {
 			c.total++
+			l.sorted = nil
 		}
 		l.entries[name] = e
 	}
@@ -140,6 +169,7 @@ func (c *listCache) remove(dir, name string) {
 		if _, had := l.entries[name]; had {
 			delete(l.entries, name)
 			c.total--
+			l.sorted = nil
 		}
 	}
 }

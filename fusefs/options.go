@@ -26,6 +26,11 @@ type Options struct {
 	// MaxReadAheadBlocks caps the sequential read-ahead window. Default:
 	// a quarter of the cache, at most 32 blocks.
 	MaxReadAheadBlocks int
+	// PrefetchFiles is how many small files (of at most one read block)
+	// beyond the one being opened are fetched ahead when a directory's
+	// files are opened for reading one after another in name order.
+	// Default 16; negative disables it.
+	PrefetchFiles int
 	// UploadBlockSize is the size of one staged block. Default 8 MiB.
 	UploadBlockSize int64
 	// UploadConcurrency is the number of blocks staged in parallel per
@@ -59,6 +64,7 @@ const (
 	defaultReadBlockSize     = 8 << 20
 	defaultUploadBlockSize   = 8 << 20
 	defaultUploadConcurrency = 8
+	defaultPrefetchFiles     = 16
 	defaultTimeout           = time.Second
 )
 
@@ -76,6 +82,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.UploadConcurrency == 0 {
 		o.UploadConcurrency = defaultUploadConcurrency
+	}
+	if o.PrefetchFiles == 0 {
+		o.PrefetchFiles = defaultPrefetchFiles
 	}
 	if o.ReadBlockSize < 64<<10 || o.ReadBlockSize > 256<<20 {
 		return o, fmt.Errorf("read block size %d out of range [64 KiB, 256 MiB]", o.ReadBlockSize)

@@ -61,6 +61,7 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.Int64Var(&c.uploadMB, "upload-block-mb", 8, "size of one staged upload block, MiB")
 	fl.IntVar(&c.fs.UploadConcurrency, "upload-concurrency", 8, "blocks uploaded in parallel per file")
 	fl.IntVar(&c.fs.MaxReadAheadBlocks, "readahead-blocks", 0, "maximum read-ahead window in blocks (default: a quarter of the cache, at most 32)")
+	fl.IntVar(&c.fs.PrefetchFiles, "prefetch-files", 16, "small files fetched ahead when a directory's files are read one after another in name order (0 disables)")
 	fl.DurationVar(&c.fs.AttrTimeout, "attr-timeout", time.Second, "how long file attributes are cached (0 disables)")
 	fl.DurationVar(&c.fs.EntryTimeout, "entry-timeout", time.Second, "how long name lookups are cached (0 disables)")
 	fl.DurationVar(&c.fs.NegativeTimeout, "negative-timeout", time.Second, "how long a missing name is remembered (0 disables)")
@@ -186,6 +187,9 @@ func (c *mountConfig) fsOptions(logger *slog.Logger) (fusefs.Options, error) {
 		return o, errors.New("uid and gid must not be negative")
 	}
 	o.UID, o.GID, o.Umask = uint32(c.uid), uint32(c.gid), uint32(c.umask)
+	if o.PrefetchFiles <= 0 {
+		o.PrefetchFiles = -1 // the flag's 0 means "disabled"; Options' 0 means default
+	}
 	for _, t := range []*time.Duration{&o.AttrTimeout, &o.EntryTimeout, &o.NegativeTimeout, &o.ListTimeout} {
 		if *t == 0 {
 			*t = -1 // the flag's 0 means "disabled"; Options' 0 means default
