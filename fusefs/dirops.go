@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -27,6 +28,7 @@ func (fs *FS) listDir(ctx context.Context, dirPath string) ([]string, map[string
 	if dirPath != "" {
 		prefix = dirPath + "/"
 	}
+	gen := fs.lists.generation(dirPath)
 	entries := map[string]dirEntry{}
 	opts := blobstore.ListOptions{Prefix: prefix, Delimiter: "/"}
 	for {
@@ -41,7 +43,7 @@ func (fs *FS) listDir(ctx context.Context, dirPath string) ([]string, map[string
 		opts.Marker = page.NextMarker
 	}
 	fs.mergeLocal(dirPath, entries)
-	fs.lists.put(dirPath, copyEntries(entries))
+	fs.lists.putIfUnchanged(dirPath, copyEntries(entries), gen)
 	names := make([]string, 0, len(entries))
 	for name := range entries {
 		names = append(names, name)
@@ -96,6 +98,7 @@ func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
 	if dirPath != "" {
 		prefix = dirPath + "/"
 	}
+	gen := fs.lists.generation(dirPath)
 	page, err := fs.store.List(ctx, blobstore.ListOptions{Prefix: prefix, Delimiter: "/", MaxResults: smallDirPage})
 	if err != nil {
 		return false
@@ -107,8 +110,20 @@ func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
 	entries := map[string]dirEntry{}
 	addPage(entries, prefix, page)
 	fs.mergeLocal(dirPath, entries)
-	fs.lists.put(dirPath, entries)
-	return true
+	// A listing that may lack a change this mount made meanwhile is
+	// not cached; the caller then probes the name.
+	return fs.lists.putIfUnchanged(dirPath, entries, gen)
+}
+
+// refreshListing lists dirPath again in the background (claimRefresh).
+func (fs *FS) refreshListing(dirPath string) {
+	fs.bg.Add(1)
+	go func() {
+		defer fs.bg.Done()
+		ctx, cf := context.WithTimeout(fs.ctx, time.Minute)
+		defer cf()
+		fs.warmListing(ctx, dirPath)
+	}()
 }
 
 // mergeLocal adds the children of dirPath that exist only here: files

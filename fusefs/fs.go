@@ -287,6 +287,8 @@ func (fs *FS) resolve(ctx context.Context, dir *node, dirPath, name string) (*no
 	e, found, ok := fs.lists.lookup(dirPath, name)
 	if !ok && fs.warmListing(ctx, dirPath) {
 		e, found, ok = fs.lists.lookup(dirPath, name)
+	} else if ok && fs.lists.claimRefresh(dirPath) {
+		fs.refreshListing(dirPath)
 	}
 	if ok && !found {
 		return nil, blobstore.ErrNotFound

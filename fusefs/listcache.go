@@ -26,6 +26,39 @@ type listCache struct {
 	// large remembers, for a while, directories too big to list for a
 	// single lookup; guarded by mu and bounded by maxLarge.
 	large map[string]time.Time
+	// gens counts this mount's changes to directories, by a hash of the
+	// directory's path; guarded by mu. A listing fetched while one of its
+	// directory's counters moved may lack the change, and is not cached
+	// (putIfUnchanged).
+	gens [64]uint64
+}
+
+func genBucket(dir string) int {
+	h := uint32(2166136261) // FNV-1a
+	for i := 0; i < len(dir); i++ {
+		h = (h ^ uint32(dir[i])) * 16777619
+	}
+	return int(h % 64)
+}
+
+// generation returns dir's change counter, to pass to putIfUnchanged.
+func (c *listCache) generation(dir string) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gens[genBucket(dir)]
+}
+
+// putIfUnchanged stores a listing of dir fetched after generation returned
+// gen, unless this mount changed dir meanwhile.
+func (c *listCache) putIfUnchanged(dir string, entries map[string]dirEntry, gen uint64) bool {
+	c.mu.Lock()
+	changed := c.gens[genBucket(dir)] != gen
+	c.mu.Unlock()
+	if changed {
+		return false
+	}
+	c.put(dir, entries)
+	return true
 }
 
 const (
@@ -54,8 +87,9 @@ func (c *listCache) isLarge(dir string) bool {
 }
 
 type listing struct {
-	expiry  time.Time
-	entries map[string]dirEntry
+	expiry     time.Time
+	refreshing bool // a refresh was started (claimRefresh)
+	entries    map[string]dirEntry
 	sorted  []string // entries' names in order; nil until asked for, and after a change
 }
 
@@ -121,6 +155,22 @@ func (c *listCache) snapshot(dir string) (names []string, entries map[string]dir
 	return names, entries, true
 }
 
+// claimRefresh reports whether dir's listing, still fresh, is in the last
+// quarter of its life with no refresh started yet, and marks it refreshing.
+// A directory in use is listed again in the background before its listing
+// expires (see FS.refreshListing), so that its lookups do not stall on a
+// whole listing once per ListTimeout.
+func (c *listCache) claimRefresh(dir string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.freshLocked(dir)
+	if l == nil || l.refreshing || time.Until(l.expiry) > c.ttl/4 {
+		return false
+	}
+	l.refreshing = true
+	return true
+}
+
 // following returns up to max entries of dir's fresh listing that come
 // after name, in name order; none when dir has no fresh listing.
 func (c *listCache) following(dir, name string, max int) []dirItem {
@@ -152,6 +202,7 @@ func (c *listCache) following(dir, name string, max int) []dirItem {
 func (c *listCache) set(dir, name string, e dirEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gens[genBucket(dir)]++
 	if l := c.dirs[dir]; l != nil {
 		if _, had := l.entries[name]; !had {
 			c.total++
@@ -165,6 +216,7 @@ func (c *listCache) set(dir, name string, e dirEntry) {
 func (c *listCache) remove(dir, name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gens[genBucket(dir)]++
 	if l := c.dirs[dir]; l != nil {
 		if _, had := l.entries[name]; had {
 			delete(l.entries, name)
@@ -178,6 +230,9 @@ func (c *listCache) remove(dir, name string) {
 func (c *listCache) invalidateTree(dir string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	for i := range c.gens {
+		c.gens[i]++ // the directories below dir hash anywhere
+	}
 	for d := range c.dirs {
 		if d == dir || dir == "" || strings.HasPrefix(d, dir+"/") {
 			c.dropLocked(d)
@@ -188,6 +243,7 @@ func (c *listCache) invalidateTree(dir string) {
 func (c *listCache) invalidate(dir string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gens[genBucket(dir)]++
 	c.dropLocked(dir)
 }
 

@@ -1,0 +1,59 @@
+package fusefs
+
+import (
+	"testing"
+	"time"
+)
+
+// TestListCacheRefreshAhead: a listing in the last quarter of its life is
+// claimed for a background refresh once; a fresh one is not.
+func TestListCacheRefreshAhead(t *testing.T) {
+	c := newListCache(200*time.Millisecond, 1000)
+	c.put("d", map[string]dirEntry{"a": {kind: kindFile}})
+	if c.claimRefresh("d") {
+		t.Fatal("a listing just taken was claimed for refresh")
+	}
+	time.Sleep(170 * time.Millisecond)
+	if !c.claimRefresh("d") {
+		t.Fatal("a listing near its end was not claimed for refresh")
+	}
+	if c.claimRefresh("d") {
+		t.Fatal("claimed for refresh twice")
+	}
+	c.put("d", map[string]dirEntry{"a": {kind: kindFile}})
+	if c.claimRefresh("d") {
+		t.Fatal("the refreshed listing was claimed at once")
+	}
+	if c.claimRefresh("other") {
+		t.Fatal("a directory with no listing was claimed")
+	}
+}
+
+// TestListCacheStaleListingNotCached: a listing fetched while this mount
+// changed its directory may lack the change, and is not cached.
+func TestListCacheStaleListingNotCached(t *testing.T) {
+	c := newListCache(time.Minute, 1000)
+	for _, change := range []struct {
+		name string
+		do   func()
+	}{
+		{"create", func() { c.set("d", "new", dirEntry{kind: kindFile}) }},
+		{"unlink", func() { c.remove("d", "old") }},
+		{"rename of a parent", func() { c.invalidateTree("") }},
+		{"invalidate", func() { c.invalidate("d") }},
+	} {
+		gen := c.generation("d")
+		change.do()
+		if c.putIfUnchanged("d", map[string]dirEntry{"old": {kind: kindFile}}, gen) {
+			t.Errorf("%s: a listing taken before the change was cached", change.name)
+		}
+		if _, _, ok := c.lookup("d", "old"); ok {
+			t.Errorf("%s: the stale listing answers lookups", change.name)
+		}
+	}
+	gen := c.generation("d")
+	c.set("elsewhere/x", "y", dirEntry{}) // another directory (unless it shares a bucket)
+	if genBucket("elsewhere/x") != genBucket("d") && !c.putIfUnchanged("d", map[string]dirEntry{}, gen) {
+		t.Error("a change elsewhere kept the listing out")
+	}
+}
