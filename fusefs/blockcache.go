@@ -15,15 +15,25 @@ import (
 // A block is keyed by blob name, ETag and index, so a rewritten blob never
 // serves stale bytes: its old blocks simply age out. Memory is bounded: at
 // most maxBlocks buffers of blockSize bytes ever exist, recycled through a
-// free list, and a fetch in flight holds one. When every buffer is in use,
+// free list, and a fetch in flight holds one (allocated by the fetch, off
+// the READ path). When every buffer is in use,
 // demand reads wait for one and read-ahead is skipped.
+//
+// Eviction: an unpinned block that has been read sits in lru. A block
+// fetched by read-ahead and not read yet sits in ahead instead, tagged with
+// the handle that asked for it: read-ahead only ever evicts from lru, so
+// one stream's read-ahead cannot throw away another's (or its own) blocks
+// before they are read, which would waste their bandwidth. A demand read
+// evicts from lru first and from ahead only when lru is empty. Blocks leave
+// ahead for lru when read, or when their handle seeks elsewhere or closes
+// (demote).
 //
 // Concurrent readers of the same block share one GET. A failed fetch is
 // forgotten once its waiters have seen the error, so the next read retries.
 //
-// Locking: mu guards every field below it and every block's pins, elem and
-// membership in blocks; a block's buf and err are written once, before ready
-// is closed, and read only after.
+// Locking: mu guards every field below it and every block's pins, elem,
+// owner and membership in blocks; a block's buf and err are written by its
+// fetch before ready is closed, and read only after.
 type blockCache struct {
 	store     blobstore.Store
 	blockSize int64
@@ -33,7 +43,8 @@ type blockCache struct {
 	mu        sync.Mutex
 	cond      *sync.Cond
 	blocks    map[blockKey]*block
-	lru       *list.List // fetched, unpinned blocks; front is most recent
+	lru       *list.List // fetched, unpinned, read blocks; front is most recent
+	ahead     *list.List // fetched, unpinned blocks not read yet; front is most recent
 	free      [][]byte
 	allocated int
 
@@ -52,7 +63,10 @@ type block struct {
 	err   error
 	ready chan struct{}
 	pins  int
-	elem  *list.Element // in lru when fetched and unpinned
+	elem  *list.Element // in lru or ahead when fetched and unpinned
+	// owner is the handle whose read-ahead fetched the block, until
+	// the block is first read (then 0): the block waits in ahead.
+	owner uint64
 }
 
 func newBlockCache(store blobstore.Store, blockSize, capacity int64, maxFetches int) *blockCache {
@@ -63,6 +77,7 @@ func newBlockCache(store blobstore.Store, blockSize, capacity int64, maxFetches 
 		fetchSem:  make(chan struct{}, maxFetches),
 		blocks:    map[blockKey]*block{},
 		lru:       list.New(),
+		ahead:     list.New(),
 	}
 	c.cond = sync.NewCond(&c.mu)
 	return c
@@ -99,10 +114,11 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 	if b != nil {
 		c.hits++
 		c.pinLocked(b)
+		b.owner = 0 // read: evictable like any other
 		c.mu.Unlock()
 	} else {
 		c.misses++
-		buf, ok := c.allocLocked(true)
+		buf, ok := c.reserveLocked(true)
 		if !ok {
 			c.mu.Unlock()
 			return nil, errors.New("block cache: no buffer")
@@ -110,15 +126,23 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 		// Another reader may have started the same block while we
 		// waited for a buffer.
 		if other := c.blocks[key]; other != nil {
-			c.free = append(c.free, buf)
+			if buf == nil {
+				c.allocated--
+			} else {
+				c.free = append(c.free, buf)
+			}
 			c.cond.Signal()
 			b = other
 			c.pinLocked(b)
+			b.owner = 0
 			c.mu.Unlock()
 		} else {
 			b = &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1}
 			c.blocks[key] = b
 			c.mu.Unlock()
+			if b.buf == nil {
+				b.buf = newBlockBuf(c.blockSize)
+			}
 			c.fetch(b, size)
 		}
 	}
@@ -136,9 +160,14 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 	return b, nil
 }
 
-// prefetch starts fetching a block in the background unless it is cached,
-// in flight, or no buffer is free without waiting.
-func (c *blockCache) prefetch(key blockKey, size int64) {
+// prefetch starts fetching a block in the background for handle owner
+// unless it is cached, in flight, or no buffer is free without evicting a
+// block that has not been read yet.
+//
+// A buffer allocated for the first time is allocated by the fetch, not
+// here: faulting in fresh memory costs milliseconds per block, and a
+// stream's first READ starts a whole window of fetches.
+func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) {
 	if key.idx*c.blockSize >= size {
 		return
 	}
@@ -153,21 +182,37 @@ func (c *blockCache) prefetch(key blockKey, size int64) {
 		<-c.fetchSem
 		return
 	}
-	buf, ok := c.allocLocked(false)
+	buf, ok := c.reserveLocked(false)
 	if !ok {
 		c.mu.Unlock()
 		<-c.fetchSem
 		return
 	}
 	// Pinned by the fetch itself so that it cannot be evicted half-filled.
-	b := &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1}
+	b := &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1, owner: owner}
 	c.blocks[key] = b
 	c.mu.Unlock()
 	go func() {
 		defer func() { <-c.fetchSem }()
+		if b.buf == nil {
+			b.buf = newBlockBuf(c.blockSize)
+		}
 		c.fetch(b, size)
 		c.unpin(b)
 	}()
+}
+
+// newBlockBuf allocates a block buffer and faults its pages in. Fresh
+// memory from the OS is faulted in page by page on first write (about 4 ms
+// per 8 MiB block here); done now, before the GET, that cost overlaps the
+// store's latency instead of landing on the copy at the end of the fetch,
+// when every block of a window arrives at once.
+func newBlockBuf(n int64) []byte {
+	buf := make([]byte, n)
+	for i := 0; i < len(buf); i += 4096 {
+		buf[i] = 0
+	}
+	return buf
 }
 
 // fetch fills b from the store. It does not depend on any one reader's
@@ -198,8 +243,37 @@ func (c *blockCache) fetch(b *block, size int64) {
 func (c *blockCache) pinLocked(b *block) {
 	b.pins++
 	if b.elem != nil {
-		c.lru.Remove(b.elem)
+		c.listOf(b).Remove(b.elem)
 		b.elem = nil
+	}
+}
+
+// listOf returns the list an unpinned block belongs in.
+func (c *blockCache) listOf(b *block) *list.List {
+	if b.owner != 0 {
+		return c.ahead
+	}
+	return c.lru
+}
+
+// demote makes the unread read-ahead blocks of handle owner evictable, as
+// the least recently used: the handle has moved elsewhere or closed, so
+// nothing expects them soon.
+func (c *blockCache) demote(owner uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, b := range c.blocks {
+		if b.owner != owner {
+			continue
+		}
+		b.owner = 0
+		if b.elem != nil {
+			// Fetched and waiting in ahead; one still in flight
+			// lands in lru when its fetch unpins it.
+			c.ahead.Remove(b.elem)
+			b.elem = c.lru.PushBack(b)
+			c.cond.Signal()
+		}
 	}
 }
 
@@ -216,14 +290,17 @@ func (c *blockCache) unpin(b *block) {
 		c.cond.Signal()
 		return
 	}
-	b.elem = c.lru.PushFront(b)
+	b.elem = c.listOf(b).PushFront(b)
 	c.cond.Signal()
 }
 
-// allocLocked returns a block buffer: a free one, a new one while under the
-// bound, or the least recently used block's. With wait it blocks until one
+// reserveLocked returns a block buffer: a free one, the least recently
+// used read block's, or, while under the bound, nil and true: the caller
+// allocates a new one, outside mu (faulting in fresh memory takes
+// milliseconds). With demand (a reader is waiting for the block) it may
+// also take the oldest unread read-ahead block's, and it blocks until one
 // is unpinned.
-func (c *blockCache) allocLocked(wait bool) ([]byte, bool) {
+func (c *blockCache) reserveLocked(demand bool) ([]byte, bool) {
 	for {
 		if n := len(c.free); n > 0 {
 			buf := c.free[n-1]
@@ -232,20 +309,33 @@ func (c *blockCache) allocLocked(wait bool) ([]byte, bool) {
 		}
 		if c.allocated < c.maxBlocks {
 			c.allocated++
-			return make([]byte, c.blockSize), true
+			return nil, true
 		}
-		if e := c.lru.Back(); e != nil {
-			b := e.Value.(*block)
-			c.lru.Remove(e)
-			b.elem = nil
-			delete(c.blocks, b.key)
-			return b.buf[:c.blockSize], true
+		if buf, ok := c.evictLocked(c.lru); ok {
+			return buf, true
 		}
-		if !wait {
+		if !demand {
 			return nil, false
+		}
+		if buf, ok := c.evictLocked(c.ahead); ok {
+			return buf, true
 		}
 		c.cond.Wait()
 	}
+}
+
+// evictLocked drops the least recently used block of l and returns its
+// buffer.
+func (c *blockCache) evictLocked(l *list.List) ([]byte, bool) {
+	e := l.Back()
+	if e == nil {
+		return nil, false
+	}
+	b := e.Value.(*block)
+	l.Remove(e)
+	b.elem = nil
+	delete(c.blocks, b.key)
+	return b.buf[:c.blockSize], true
 }
 
 // stats returns hit and miss counts.
