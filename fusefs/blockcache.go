@@ -18,15 +18,25 @@ import (
 // block's buffer (blockSize bytes) is recycled through a free list; the
 // last block of a blob gets a buffer of its own length, so that a cache
 // full of small files holds thousands of them, not capacity/blockSize. A
-// fetch in flight holds its buffer. When no room is left, demand reads wait
-// for a buffer to be unpinned and read-ahead is skipped.
+// fetch in flight holds its buffer (a new one is allocated by the fetch,
+// off the READ path). When no room is left, demand reads wait for a buffer
+// to be unpinned and read-ahead is skipped.
+//
+// Eviction: an unpinned block that has been read sits in lru. A block
+// fetched by read-ahead and not read yet sits in ahead instead, tagged with
+// the handle that asked for it: read-ahead only ever evicts from lru, so
+// one stream's read-ahead cannot throw away another's (or its own) blocks
+// before they are read, which would waste their bandwidth. A demand read
+// evicts from lru first and from ahead only when lru is empty. Blocks leave
+// ahead for lru when read, or when their handle seeks elsewhere or closes
+// (demote).
 //
 // Concurrent readers of the same block share one GET. A failed fetch is
 // forgotten once its waiters have seen the error, so the next read retries.
 //
-// Locking: mu guards every field below it and every block's pins, elem and
-// membership in blocks; a block's buf and err are written once, before ready
-// is closed, and read only after.
+// Locking: mu guards every field below it and every block's pins, elem,
+// owner and membership in blocks; a block's buf and err are written by its
+// fetch before ready is closed, and read only after.
 type blockCache struct {
 	store     blobstore.Store
 	blockSize int64
@@ -36,9 +46,11 @@ type blockCache struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	blocks map[blockKey]*block
-	lru    *list.List // fetched, unpinned blocks; front is most recent
-	free   [][]byte   // full-size buffers not in use
-	used   int64      // bytes of every buffer that exists, free ones included
+	lru    *list.List     // fetched, unpinned, read blocks; front is most recent
+	ahead  *list.List     // fetched, unpinned blocks not read yet; front is most recent
+	free   [][]byte       // full-size buffers not in use
+	used   int64          // bytes of every buffer that exists or is being allocated
+	owned  map[uint64]int // blocks tagged with each owner
 
 	hits, misses uint64 // guarded by mu
 }
@@ -55,7 +67,10 @@ type block struct {
 	err   error
 	ready chan struct{}
 	pins  int
-	elem  *list.Element // in lru when fetched and unpinned
+	elem  *list.Element // in lru or ahead when fetched and unpinned
+	// owner is the handle whose read-ahead fetched the block, until
+	// the block is first read (then 0): the block waits in ahead.
+	owner uint64
 }
 
 func newBlockCache(store blobstore.Store, blockSize, capacity int64, maxFetches int) *blockCache {
@@ -63,9 +78,11 @@ func newBlockCache(store blobstore.Store, blockSize, capacity int64, maxFetches 
 		store:     store,
 		blockSize: blockSize,
 		capacity:  capacity,
+		owned:     map[uint64]int{},
 		fetchSem:  make(chan struct{}, maxFetches),
 		blocks:    map[blockKey]*block{},
 		lru:       list.New(),
+		ahead:     list.New(),
 	}
 	c.cond = sync.NewCond(&c.mu)
 	return c
@@ -102,10 +119,12 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 	if b != nil {
 		c.hits++
 		c.pinLocked(b)
+		c.disownLocked(b) // read: evictable like any other
 		c.mu.Unlock()
 	} else {
 		c.misses++
-		buf, ok := c.allocLocked(c.blockLen(key.idx, size), true)
+		n := c.blockLen(key.idx, size)
+		buf, ok := c.reserveLocked(n, true)
 		if !ok {
 			c.mu.Unlock()
 			return nil, errors.New("block cache: no buffer")
@@ -113,14 +132,23 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 		// Another reader may have started the same block while we
 		// waited for a buffer.
 		if other := c.blocks[key]; other != nil {
-			c.releaseBufLocked(buf)
+			if buf == nil {
+				c.used -= n
+				c.cond.Signal()
+			} else {
+				c.releaseBufLocked(buf)
+			}
 			b = other
 			c.pinLocked(b)
+			c.disownLocked(b)
 			c.mu.Unlock()
 		} else {
 			b = &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1}
 			c.blocks[key] = b
 			c.mu.Unlock()
+			if b.buf == nil {
+				b.buf = newBlockBuf(n)
+			}
 			c.fetch(b, size)
 		}
 	}
@@ -138,10 +166,15 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 	return b, nil
 }
 
-// prefetch starts fetching a block in the background unless it is cached,
-// in flight, or no buffer is free without waiting. It reports whether the
+// prefetch starts fetching a block in the background for handle owner (0:
+// none) unless it is cached, in flight, or no buffer is free without
+// evicting a block that has not been read yet. It reports whether the
 // block is now cached or on its way.
-func (c *blockCache) prefetch(key blockKey, size int64) bool {
+//
+// A buffer allocated for the first time is allocated by the fetch, not
+// here: faulting in fresh memory costs milliseconds per block, and a
+// stream's first READ starts a whole window of fetches.
+func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 	if key.idx*c.blockSize >= size {
 		return false
 	}
@@ -162,18 +195,25 @@ func (c *blockCache) prefetch(key blockKey, size int64) bool {
 		<-c.fetchSem
 		return true
 	}
-	buf, ok := c.allocLocked(c.blockLen(key.idx, size), false)
+	n := c.blockLen(key.idx, size)
+	buf, ok := c.reserveLocked(n, false)
 	if !ok {
 		c.mu.Unlock()
 		<-c.fetchSem
 		return false
 	}
 	// Pinned by the fetch itself so that it cannot be evicted half-filled.
-	b := &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1}
+	b := &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1, owner: owner}
+	if owner != 0 {
+		c.owned[owner]++
+	}
 	c.blocks[key] = b
 	c.mu.Unlock()
 	go func() {
 		defer func() { <-c.fetchSem }()
+		if b.buf == nil {
+			b.buf = newBlockBuf(n)
+		}
 		c.fetch(b, size)
 		c.unpin(b)
 	}()
@@ -183,6 +223,19 @@ func (c *blockCache) prefetch(key blockKey, size int64) bool {
 // blockLen is the length of block idx of a blob of the given size.
 func (c *blockCache) blockLen(idx, size int64) int64 {
 	return max(min(c.blockSize, size-idx*c.blockSize), 0)
+}
+
+// newBlockBuf allocates a block buffer and faults its pages in. Fresh
+// memory from the OS is faulted in page by page on first write (about 4 ms
+// per 8 MiB block here); done now, before the GET, that cost overlaps the
+// store's latency instead of landing on the copy at the end of the fetch,
+// when every block of a window arrives at once.
+func newBlockBuf(n int64) []byte {
+	buf := make([]byte, n)
+	for i := 0; i < len(buf); i += 4096 {
+		buf[i] = 0
+	}
+	return buf
 }
 
 // fetch fills b from the store. It does not depend on any one reader's
@@ -213,8 +266,40 @@ func (c *blockCache) fetch(b *block, size int64) {
 func (c *blockCache) pinLocked(b *block) {
 	b.pins++
 	if b.elem != nil {
-		c.lru.Remove(b.elem)
+		c.listOf(b).Remove(b.elem)
 		b.elem = nil
+	}
+}
+
+// listOf returns the list an unpinned block belongs in.
+func (c *blockCache) listOf(b *block) *list.List {
+	if b.owner != 0 {
+		return c.ahead
+	}
+	return c.lru
+}
+
+// demote makes the unread read-ahead blocks of handle owner evictable, as
+// the least recently used: the handle has moved elsewhere or closed, so
+// nothing expects them soon.
+func (c *blockCache) demote(owner uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.owned[owner] == 0 {
+		return // the common case: walking every block would cost more
+	}
+	for _, b := range c.blocks {
+		if b.owner != owner {
+			continue
+		}
+		c.disownLocked(b)
+		if b.elem != nil {
+			// Fetched and waiting in ahead; one still in flight
+			// lands in lru when its fetch unpins it.
+			c.ahead.Remove(b.elem)
+			b.elem = c.lru.PushBack(b)
+			c.cond.Signal()
+		}
 	}
 }
 
@@ -227,52 +312,79 @@ func (c *blockCache) unpin(b *block) {
 	}
 	if c.blocks[b.key] != b {
 		// Failed or dropped: its buffer goes straight back.
+		c.disownLocked(b)
 		c.releaseBufLocked(b.buf)
 		return
 	}
-	b.elem = c.lru.PushFront(b)
+	b.elem = c.listOf(b).PushFront(b)
 	c.cond.Signal()
 }
 
-// allocLocked returns a buffer of n bytes: a free full-size one, a new one
-// while the bytes allowed are not all used, or the memory of least recently
-// used blocks. With wait it blocks until a block is unpinned.
-func (c *blockCache) allocLocked(n int64, wait bool) ([]byte, bool) {
+// disownLocked clears b's owner.
+func (c *blockCache) disownLocked(b *block) {
+	if b.owner == 0 {
+		return
+	}
+	if c.owned[b.owner]--; c.owned[b.owner] <= 0 {
+		delete(c.owned, b.owner)
+	}
+	b.owner = 0
+}
+
+// reserveLocked returns a buffer of n bytes: a free full-size one, the
+// memory of the least recently used read blocks, or, while the bytes
+// allowed are not all used, nil and true: the caller allocates a new one,
+// outside mu (faulting in fresh memory takes milliseconds). With demand (a
+// reader is waiting for the block) it may also take the oldest unread
+// read-ahead blocks', and it blocks until a block is unpinned.
+func (c *blockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
 	for {
-		if n == c.blockSize {
-			if k := len(c.free); k > 0 {
-				buf := c.free[k-1]
-				c.free = c.free[:k-1]
-				return buf[:n], true
-			}
+		if k := len(c.free); k > 0 && n == c.blockSize {
+			buf := c.free[k-1]
+			c.free = c.free[:k-1]
+			return buf[:n], true
 		}
 		if c.used+n <= c.capacity {
 			c.used += n
-			return make([]byte, n), true
+			return nil, true
 		}
 		if k := len(c.free); k > 0 {
-			// Room is held by a full-size buffer this small one
+			// Room is held by a full-size buffer this smaller one
 			// does not need.
 			c.used -= int64(cap(c.free[k-1]))
 			c.free = c.free[:k-1]
 			continue
 		}
-		if e := c.lru.Back(); e != nil {
-			b := e.Value.(*block)
-			c.lru.Remove(e)
-			b.elem = nil
-			delete(c.blocks, b.key)
+		b := c.evictLocked(c.lru)
+		if b == nil && demand {
+			b = c.evictLocked(c.ahead)
+		}
+		if b != nil {
 			if int64(cap(b.buf)) == n {
 				return b.buf[:n], true
 			}
 			c.used -= int64(cap(b.buf))
 			continue
 		}
-		if !wait {
+		if !demand {
 			return nil, false
 		}
 		c.cond.Wait()
 	}
+}
+
+// evictLocked drops the least recently used block of l and returns it.
+func (c *blockCache) evictLocked(l *list.List) *block {
+	e := l.Back()
+	if e == nil {
+		return nil
+	}
+	b := e.Value.(*block)
+	l.Remove(e)
+	b.elem = nil
+	delete(c.blocks, b.key)
+	c.disownLocked(b)
+	return b
 }
 
 // releaseBufLocked takes back a buffer no block holds any more.

@@ -21,6 +21,7 @@ type handle struct {
 
 	raMu     sync.Mutex
 	raNext   int64 // where a sequential read continues
+	raSeq    int64 // bytes read sequentially since the last seek
 	raWindow int   // blocks read ahead; grows while reads stay sequential
 
 	dirMu     sync.Mutex
@@ -225,8 +226,24 @@ func (fs *FS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) f
 		out.OpenFlags |= fuse.FOPEN_KEEP_CACHE
 	}
 	n.lastOpenETag = n.etag
+	if !write && fs.directRead(n.size) {
+		out.OpenFlags |= fuse.FOPEN_DIRECT_IO
+	}
 	return fuse.OK
 }
+
+// directRead tells whether a read-only handle on a file of this size
+// bypasses the kernel's page cache (FOPEN_DIRECT_IO): see
+// Options.DirectReadMinBytes. Only where the kernel agreed to
+// FUSE_DIRECT_IO_ALLOW_MMAP, so that such files can still be mapped
+// shared; mmap then goes through the page cache as usual.
+func (fs *FS) directRead(size int64) bool {
+	return fs.directIOMmap.Load() && fs.opts.DirectReadMinBytes > 0 && size >= fs.opts.DirectReadMinBytes
+}
+
+// allowDirectIO is called by the Session serving fs once it knows whether
+// the kernel agreed to FUSE_DIRECT_IO_ALLOW_MMAP.
+func (fs *FS) allowDirectIO(ok bool) { fs.directIOMmap.Store(ok) }
 
 func (fs *FS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
 	dir, dirPath, st := fs.node(in.NodeId)
@@ -366,9 +383,17 @@ func (fs *FS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.Re
 }
 
 // readAhead detects sequential reads on a handle and keeps a window of
-// blocks beyond the read being fetched in the background. The window starts
-// at one block and doubles with every sequential read up to
-// Options.MaxReadAheadBlocks; a seek resets it.
+// blocks beyond the read being fetched in the background, at most
+// Options.MaxReadAheadBlocks.
+//
+// The window doubles with every sequential read, and is at least
+// readAheadRatio times the bytes read sequentially so far: a stream read in
+// 1 MiB requests (the kernel's read-ahead, or an application's large reads
+// under direct I/O) gets the whole window on its first READ, because a
+// store with high latency and limited bandwidth per stream needs every
+// fetch in flight from the start; 4 KiB reads ramp up over a few requests.
+// A seek resets the window and makes the handle's unread read-ahead blocks
+// evictable.
 func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) {
 	// The kernel's own read-ahead sends several READs at once, answered
 	// by several readers: they arrive slightly out of order. A read near
@@ -376,10 +401,14 @@ func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) {
 	// sequential; only a real seek resets the window.
 	bs := fs.opts.ReadBlockSize
 	h.raMu.Lock()
+	seek := false
 	if off >= h.raNext-bs && off <= h.raNext+bs {
-		h.raWindow = min(max(h.raWindow*2, 1), fs.opts.MaxReadAheadBlocks)
+		h.raSeq += int64(n)
+		byBytes := (h.raSeq*readAheadRatio + bs - 1) / bs
+		h.raWindow = int(min(max(int64(h.raWindow)*2, byBytes, 1), int64(fs.opts.MaxReadAheadBlocks)))
 	} else {
-		h.raWindow = 0
+		seek = h.raWindow > 0
+		h.raWindow, h.raSeq = 0, 0
 	}
 	h.raNext = max(h.raNext, off+int64(n))
 	if h.raWindow == 0 {
@@ -387,14 +416,22 @@ func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) {
 	}
 	window := h.raWindow
 	h.raMu.Unlock()
+	if seek {
+		fs.blocks.demote(h.id)
+	}
 	if window == 0 {
 		return
 	}
 	last := (min(off+int64(n), size) - 1) / bs
 	for i := int64(1); i <= int64(window); i++ {
-		fs.blocks.prefetch(blockKey{path, etag, last + i}, size)
+		fs.blocks.prefetch(blockKey{path, etag, last + i}, size, h.id)
 	}
 }
+
+// readAheadRatio is how many bytes readAhead fetches ahead of a stream for
+// every byte it has read sequentially, until the window is full: 1 MiB
+// read opens a window of 128 MiB.
+const readAheadRatio = 128
 
 func (fs *FS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
 	h := fs.handle(in.Fh)
@@ -451,6 +488,7 @@ func (fs *FS) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
 	h := fs.dropHandleLocked(in.Fh)
 	fs.mu.Unlock()
 	if h != nil && h.of != nil {
+		fs.blocks.demote(h.id)
 		fs.releaseFile(h.of)
 	}
 }

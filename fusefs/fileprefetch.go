@@ -77,7 +77,7 @@ func (fs *FS) prefetchAfterOpen(path string) {
 		if it.name <= ahead {
 			continue // handed out already
 		}
-		if !fs.blocks.prefetch(blockKey{joinPath(dir, it.name), e.etag, 0}, e.size) {
+		if !fs.blocks.prefetch(blockKey{joinPath(dir, it.name), e.etag, 0}, e.size, 0) {
 			break // no fetch slot or no room: try again at the next open
 		}
 		handed = it.name

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -36,6 +37,10 @@ type FS struct {
 	// prefetcher fetches the next small files of a directory read file
 	// by file (fileprefetch.go).
 	prefetcher filePrefetcher
+	// directIOMmap: the kernel agreed to FUSE_DIRECT_IO_ALLOW_MMAP, so
+	// large read-only files may be opened with FOPEN_DIRECT_IO (set by
+	// the Session, see directRead).
+	directIOMmap atomic.Bool
 	// uploadSlots bounds the blocks being streamed up, over all files.
 	uploadSlots chan struct{}
 
@@ -83,7 +88,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		opts:          opts,
 		log:           opts.Logger,
 		spillDir:      spillDir,
-		blocks:        newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes, max(opts.MaxReadAheadBlocks, 4)),
+		blocks:        newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes, opts.MaxReadAheadBlocks),
 		lists:         newListCache(opts.ListTimeout, 1_000_000),
 		uploadSlots:   make(chan struct{}, 2*opts.UploadConcurrency),
 		ctx:           ctx,

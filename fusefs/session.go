@@ -45,6 +45,7 @@ import (
 type Session struct {
 	mountpoint string
 	fd         int
+	fs         fuse.RawFileSystem
 	server     *fuse.ProtocolServer
 	opts       MountOptions
 	// initRequest holds the raw bytes of the kernel's INIT request, which a
@@ -232,12 +233,15 @@ func newSession(mp string, fd int, fs fuse.RawFileSystem, opts MountOptions) (*S
 	if err != nil {
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	s := &Session{mountpoint: mp, fd: fd, opts: opts, stopFD: stopFD}
+	s := &Session{mountpoint: mp, fd: fd, fs: fs, opts: opts, stopFD: stopFD}
 	s.server = fuse.NewProtocolServer(fs, &fuse.MountOptions{
 		MaxWrite:      opts.MaxWrite,
 		MaxBackground: 64,
-		Debug:         opts.Debug,
-		Logger:        log.New(logWriter{opts.Logger}, "", 0),
+		// Lets a file opened with FOPEN_DIRECT_IO be mapped shared
+		// (see Options.DirectReadMinBytes); granted by Linux >= 6.6.
+		ExtraCapabilities: fuse.CAP_DIRECT_IO_ALLOW_MMAP,
+		Debug:             opts.Debug,
+		Logger:            log.New(logWriter{opts.Logger}, "", 0),
 	})
 	return s, nil
 }
@@ -261,6 +265,13 @@ func Adopt(mountpoint string, fd int, init []byte, fs fuse.RawFileSystem, opts M
 	if err != nil {
 		return nil, err
 	}
+	// Only a server that asked for FUSE_DIRECT_IO_ALLOW_MMAP marked the
+	// INIT it saved; the kernel granted it if it offered it.
+	marked := len(init) > len(allowMmapMark) && string(init[len(init)-len(allowMmapMark):]) == allowMmapMark
+	if marked {
+		init = init[:len(init)-len(allowMmapMark)]
+	}
+	s.allowDirectIO(marked && kernelOffers(init, fuse.CAP_DIRECT_IO_ALLOW_MMAP))
 	s.initRequest = append([]byte(nil), init...)
 	scratch := make([]byte, 4096)
 	if _, st := s.server.HandleRequest([][]byte{append([]byte(nil), init...)}, [][]byte{scratch}); !st.Ok() {
@@ -279,6 +290,33 @@ func Adopt(mountpoint string, fd int, init []byte, fs fuse.RawFileSystem, opts M
 		go s.serve()
 	}
 	return s, nil
+}
+
+// allowMmapMark follows the INIT request that Serve hands to
+// MountOptions.OnInit (the copy kept for adoption): it records that this
+// server asked for FUSE_DIRECT_IO_ALLOW_MMAP. An adopter that finds no mark
+// (the mount was answered by an older blobfs, whose kernel connection has
+// no such grant) must not open files with FOPEN_DIRECT_IO: a shared mmap
+// of them would fail with ENODEV.
+const allowMmapMark = "\x00blobfs:direct-io-allow-mmap"
+
+// allowDirectIO tells the filesystem, if it cares, whether the kernel
+// connection lets FOPEN_DIRECT_IO files be mapped shared.
+func (s *Session) allowDirectIO(ok bool) {
+	if d, isFS := s.fs.(interface{ allowDirectIO(bool) }); isFS {
+		d.allowDirectIO(ok)
+	}
+}
+
+// kernelOffers reads a capability bit from a raw INIT request: in_header
+// (40 bytes), then major, minor, max_readahead, flags (bits 0-31), flags2
+// (bits 32-63).
+func kernelOffers(init []byte, flag uint64) bool {
+	const flagsOff, flags2Off = 40 + 12, 40 + 16
+	if len(init) < flags2Off+4 {
+		return false
+	}
+	return (uint64(leUint32(init[flagsOff:]))|uint64(leUint32(init[flags2Off:]))<<32)&flag != 0
 }
 
 // kernelHasResend reads FUSE_HAS_RESEND (flags bit 39, i.e. bit 7 of
@@ -339,10 +377,12 @@ func (s *Session) handshake() error {
 		}
 		s.initRequest = append([]byte(nil), in[:n]...)
 		if s.opts.OnInit != nil {
-			if err := s.opts.OnInit(s.initRequest); err != nil {
+			saved := append(append([]byte(nil), s.initRequest...), allowMmapMark...)
+			if err := s.opts.OnInit(saved); err != nil {
 				return fmt.Errorf("save INIT: %w", err)
 			}
 		}
+		s.allowDirectIO(kernelOffers(s.initRequest, fuse.CAP_DIRECT_IO_ALLOW_MMAP))
 		return s.reply(in[:n], out)
 	}
 }

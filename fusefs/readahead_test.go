@@ -1,0 +1,227 @@
+package fusefs
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// concurrencyStore counts the ReadAt calls in flight and remembers the
+// most there ever were; each call takes at least delay, like a GET.
+type concurrencyStore struct {
+	blobstore.Store
+	delay time.Duration
+
+	mu          sync.Mutex
+	inFlight    int
+	maxInFlight int
+}
+
+func (s *concurrencyStore) ReadAt(ctx context.Context, name string, p []byte, off int64, etag string) (int, error) {
+	s.mu.Lock()
+	s.inFlight++
+	s.maxInFlight = max(s.maxInFlight, s.inFlight)
+	s.mu.Unlock()
+	time.Sleep(s.delay)
+	n, err := s.Store.ReadAt(ctx, name, p, off, etag)
+	s.mu.Lock()
+	s.inFlight--
+	s.mu.Unlock()
+	return n, err
+}
+
+func (s *concurrencyStore) maxConcurrent() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.maxInFlight
+}
+
+// A sequential reader's first 1 MiB read puts the whole read-ahead window
+// in flight at once: against a store with high latency and limited
+// bandwidth per stream, a window that ramps up over several round trips
+// costs most of the throughput.
+func TestReadAheadFullWindowOnFirstRead(t *testing.T) {
+	const block = 1 << 20
+	mem := blobstore.NewMemory()
+	data := pattern(40*block, 7)
+	putBlob(t, mem, "big", data, nil)
+	store := &concurrencyStore{Store: mem, delay: 300 * time.Millisecond}
+	opts := Options{ReadBlockSize: block, BlockCacheBytes: 32 * block}
+	mnt, fsys := mountStore(t, store, opts)
+	window := fsys.opts.MaxReadAheadBlocks
+	if window != 16 {
+		t.Fatalf("default read-ahead window of a 32-block cache: %d blocks, want 16", window)
+	}
+
+	f, err := os.Open(join(mnt, "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, block)
+	if _, err := f.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	// The demand fetch of block 0 and the window behind it started
+	// together, while the first read waited.
+	if got := store.maxConcurrent(); got < window+1 {
+		t.Errorf("%d fetches in flight during the first read, want %d (block 0 and a window of %d)", got, window+1, window)
+	}
+	got := make([]byte, 0, len(data))
+	got = append(got, buf...)
+	for off := int64(block); ; off += block {
+		n, err := f.ReadAt(buf, off)
+		got = append(got, buf[:n]...)
+		if n < block || err != nil {
+			break
+		}
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("read back %d bytes that differ from the %d written", len(got), len(data))
+	}
+}
+
+// Read-ahead never evicts blocks fetched by read-ahead and not read yet:
+// that bandwidth would be wasted. Once their handle lets go of them
+// (seek, close), they are evictable like any other.
+func TestBlockCacheKeepsUnreadReadAhead(t *testing.T) {
+	const block = 64 << 10
+	ctx := context.Background()
+	mem := blobstore.NewMemory()
+	data := pattern(16*block, 3)
+	putBlob(t, mem, "f", data, nil)
+	a, err := mem.Stat(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newBlockCache(mem, block, 4*block, 4)
+	key := func(i int64) blockKey { return blockKey{"f", a.ETag, i} }
+	settle := func() {
+		for range 1000 {
+			if len(c.fetchSem) == 0 {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		t.Fatal("read-ahead fetches did not finish")
+	}
+	cached := func(i int64) bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.blocks[key(i)] != nil
+	}
+
+	// Handle 1 reads ahead blocks 0-1, handle 2 blocks 2-3: the cache
+	// is full of unread blocks.
+	for i := range int64(4) {
+		c.prefetch(key(i), a.Size, uint64(1+i/2))
+	}
+	settle()
+	// More read-ahead finds no buffer it may take.
+	c.prefetch(key(4), a.Size, 2)
+	settle()
+	if cached(4) {
+		t.Fatal("read-ahead of block 4 evicted an unread read-ahead block")
+	}
+	for i := range int64(4) {
+		if !cached(i) {
+			t.Fatalf("unread read-ahead block %d was evicted", i)
+		}
+	}
+	// Handle 1 closes: its blocks give way to new read-ahead.
+	c.demote(1)
+	c.prefetch(key(4), a.Size, 2)
+	settle()
+	if !cached(4) {
+		t.Fatal("read-ahead of block 4 skipped after handle 1's blocks were demoted")
+	}
+	if cached(2) != true || cached(3) != true {
+		t.Fatal("handle 2's unread blocks were evicted instead of handle 1's")
+	}
+	// A demand read may always take a buffer, and reads the right bytes.
+	p := make([]byte, 2*block)
+	if n, err := c.read(ctx, "f", a.ETag, a.Size, p, 6*block); err != nil || n != len(p) {
+		t.Fatalf("read: %d, %v", n, err)
+	}
+	if !bytes.Equal(p, data[6*block:8*block]) {
+		t.Fatal("read returned the wrong bytes")
+	}
+}
+
+// Large files opened read-only bypass the page cache (FOPEN_DIRECT_IO):
+// every read reaches blobfs, and returns the right bytes whatever its
+// size and alignment; mmap, shared and private, still works. Small files
+// keep the page cache.
+func TestDirectReadLargeFiles(t *testing.T) {
+	const block = 1 << 20
+	mem := blobstore.NewMemory()
+	big := pattern(3*block+12345, 5)
+	small := pattern(block/2, 9)
+	putBlob(t, mem, "big", big, nil)
+	putBlob(t, mem, "small", small, nil)
+	mnt, fsys := mountStore(t, mem, Options{ReadBlockSize: block, BlockCacheBytes: 8 * block})
+	if !fsys.directIOMmap.Load() {
+		t.Skip("kernel without FUSE_DIRECT_IO_ALLOW_MMAP (Linux < 6.6)")
+	}
+
+	// Reading a range twice reaches blobfs twice under direct I/O,
+	// once through the page cache.
+	reads := func(name string) uint64 {
+		f, err := os.Open(join(mnt, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		buf := make([]byte, 4096)
+		h0, m0 := fsys.blocks.stats()
+		for range 2 {
+			if _, err := f.ReadAt(buf, 8192); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h1, m1 := fsys.blocks.stats()
+		return h1 + m1 - h0 - m0
+	}
+	if n := reads("big"); n != 2 {
+		t.Errorf("big file: 2 reads of one range reached the block cache %d times, want 2 (direct I/O)", n)
+	}
+	if n := reads("small"); n != 1 {
+		t.Errorf("small file: 2 reads of one range reached the block cache %d times, want 1 (page cache)", n)
+	}
+
+	// Odd sizes and offsets, across block boundaries and the end.
+	f, err := os.Open(join(mnt, "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, r := range []struct{ off, n int }{{0, 1}, {1, 4095}, {block - 7, 14}, {block - 100, 2*block + 200}, {len(big) - 10, 100}, {12345, 3 * block}} {
+		buf := make([]byte, r.n)
+		n, err := f.ReadAt(buf, int64(r.off))
+		want := big[r.off:min(r.off+r.n, len(big))]
+		if n != len(want) || !bytes.Equal(buf[:n], want) {
+			t.Errorf("ReadAt(%d bytes at %d): %d bytes, %v; want %d bytes of the file", r.n, r.off, n, err, len(want))
+		}
+	}
+
+	for _, flags := range []int{syscall.MAP_SHARED, syscall.MAP_PRIVATE} {
+		m, err := syscall.Mmap(int(f.Fd()), 0, len(big), syscall.PROT_READ, flags)
+		if err != nil {
+			t.Fatalf("mmap (flags %#x) of a direct-I/O file: %v", flags, err)
+		}
+		if !bytes.Equal(m, big) {
+			t.Errorf("mmap (flags %#x) shows other bytes than the file's", flags)
+		}
+		syscall.Munmap(m)
+	}
+	if got, err := os.ReadFile(filepath.Join(mnt, "big")); err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("read whole file after mmap: %d bytes, %v", len(got), err)
+	}
+}
