@@ -3,7 +3,6 @@ package fusefs
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"sync"
@@ -16,13 +15,24 @@ var errNoStream = errors.New("no usable block stream")
 // blockStream stages the full blocks of a file being written sequentially,
 // while it is written, so that its commit only uploads the tail.
 //
-// Bounds: each staged block is read back from the spill file into a buffer
-// held for the duration of its upload; FS.uploadSlots (shared by all files)
-// caps those buffers, and a writer that finds none free waits: backpressure
-// instead of unbounded memory.
+// Algorithm: the WRITE that completes a block takes an upload slot and
+// hands the block to a goroutine, which reads it back from the spill file
+// into a pooled buffer and stages it; the WRITE is answered without waiting
+// for either. The commit stages the tail while the last full blocks are
+// still in flight, then commits the list.
 //
-// Locking: the owning openFile's mu serialises stageFull, commit and
-// abandon's callers; mu here guards ids and err, written by the uploads.
+// Bounds: FS.uploadSlots (shared by all files) caps the blocks in flight,
+// and so the block buffers in use; a writer that finds no slot free waits
+// for an upload to finish: backpressure instead of unbounded memory. Slots
+// are held only by uploads, which end on their own, so the wait cannot
+// deadlock on another file's writer.
+//
+// The read-back runs without the file's lock: a later write into a block
+// already handed out abandons the stream (under that lock) before anyone
+// can commit it, so a block read while being overwritten is never used.
+//
+// Locking: the owning openFile's mu serialises stageFull and commit's
+// callers; mu here guards ids and err, written by the uploads.
 type blockStream struct {
 	fs    *FS
 	name  string // blob the blocks are staged for
@@ -48,37 +58,65 @@ func (st *blockStream) stageFull(spill *os.File, size int64) error {
 		if len(st.ids) >= blobstore.MaxBlocks-1 {
 			return errors.New("too many blocks for streaming")
 		}
-		buf := make([]byte, st.bs)
 		st.fs.uploadSlots <- struct{}{}
-		if _, err := spill.ReadAt(buf, st.next); err != nil {
-			<-st.fs.uploadSlots
-			return fmt.Errorf("spill read: %w", err)
-		}
 		st.mu.Lock()
 		id := blobstore.BlockID(st.nonce, len(st.ids))
 		st.ids = append(st.ids, id)
 		st.mu.Unlock()
+		off := st.next
 		st.next += st.bs
 		st.wg.Add(1)
 		go func() {
 			defer st.wg.Done()
 			defer func() { <-st.fs.uploadSlots }()
-			err := st.fs.store.StageBlock(st.fs.ctx, st.name, id, buf)
-			if err != nil {
-				st.mu.Lock()
-				if st.err == nil {
-					st.err = err
-				}
-				st.mu.Unlock()
-			}
+			buf := st.fs.blockBuf()
+			defer st.fs.freeBlockBuf(buf)
+			st.stage(st.fs.ctx, id, spill, (*buf)[:st.bs], off)
 		}()
 	}
 	return nil
 }
 
-// commit waits for the staged blocks, stages the tail and commits the
-// blob. Any failure leaves the caller to upload the whole file instead.
+// stage reads len(buf) bytes at off from spill into buf and stages them as
+// block id, recording the first failure.
+func (st *blockStream) stage(ctx context.Context, id string, spill io.ReaderAt, buf []byte, off int64) {
+	n, err := spill.ReadAt(buf, off)
+	if n == len(buf) {
+		err = nil
+	} else if err == nil || errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	if err == nil {
+		err = st.fs.store.StageBlock(ctx, st.name, id, buf)
+	}
+	if err != nil {
+		st.mu.Lock()
+		if st.err == nil {
+			st.err = err
+		}
+		st.mu.Unlock()
+	}
+}
+
+// commit stages the tail alongside the blocks still in flight, waits for
+// all of them and commits the blob. Any failure leaves the caller to upload
+// the whole file instead.
 func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64, opts blobstore.PutOptions) (blobstore.Attrs, error) {
+	if size < st.next {
+		return blobstore.Attrs{}, errNoStream
+	}
+	if tail := size - st.next; tail > 0 {
+		st.mu.Lock()
+		id := blobstore.BlockID(st.nonce, len(st.ids))
+		st.ids = append(st.ids, id)
+		st.mu.Unlock()
+		off := st.next
+		st.wg.Add(1)
+		go func() {
+			defer st.wg.Done()
+			st.stage(ctx, id, spill, make([]byte, tail), off)
+		}()
+	}
 	st.wg.Wait()
 	st.mu.Lock()
 	ids, err := append([]string(nil), st.ids...), st.err
@@ -86,23 +124,22 @@ func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64
 	if err != nil {
 		return blobstore.Attrs{}, err
 	}
-	if size < st.next {
-		return blobstore.Attrs{}, errNoStream
-	}
-	if tail := size - st.next; tail > 0 {
-		buf := make([]byte, tail)
-		if _, err := spill.ReadAt(buf, st.next); err != nil && !errors.Is(err, io.EOF) {
-			return blobstore.Attrs{}, err
-		}
-		id := blobstore.BlockID(st.nonce, len(ids))
-		if err := st.fs.store.StageBlock(ctx, st.name, id, buf); err != nil {
-			return blobstore.Attrs{}, err
-		}
-		ids = append(ids, id)
-	}
 	return st.fs.store.CommitBlocks(ctx, st.name, ids, opts)
 }
 
 // abandon lets in-flight uploads finish on their own; their blocks are
 // dropped by the store at the blob's next commit.
 func (st *blockStream) abandon() {}
+
+// blockBuf returns a buffer of UploadBlockSize bytes for a streamed block.
+// Buffers are pooled: a stream of 8 MiB blocks would otherwise allocate
+// and zero one per block.
+func (fs *FS) blockBuf() *[]byte {
+	if b, ok := fs.blockBufs.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, fs.opts.UploadBlockSize)
+	return &b
+}
+
+func (fs *FS) freeBlockBuf(b *[]byte) { fs.blockBufs.Put(b) }

@@ -43,6 +43,9 @@ type FS struct {
 	directIOMmap atomic.Bool
 	// uploadSlots bounds the blocks being streamed up, over all files.
 	uploadSlots chan struct{}
+	// blockBufs recycles the buffers of streamed blocks (*[]byte of
+	// UploadBlockSize bytes); uploadSlots bounds how many are in use.
+	blockBufs sync.Pool
 
 	// ctx lives as long as the filesystem; background work uses it.
 	ctx    context.Context

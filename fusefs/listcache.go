@@ -90,7 +90,7 @@ type listing struct {
 	expiry     time.Time
 	refreshing bool // a refresh was started (claimRefresh)
 	entries    map[string]dirEntry
-	sorted  []string // entries' names in order; nil until asked for, and after a change
+	sorted     []string // entries' names in order; nil until asked for, and after a change
 }
 
 // dirEntry is what a listing says about one name.

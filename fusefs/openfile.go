@@ -178,8 +178,15 @@ func (of *openFile) truncate(ctx context.Context, size int64) error {
 	} else if err := of.ensureSpillLocked(ctx, true); err != nil {
 		return err
 	}
-	if err := of.spill.Truncate(size); err != nil {
-		return fmt.Errorf("spill truncate: %w", err)
+	// A truncate to the length the spill file has already (O_TRUNC or
+	// create on a fresh one) is skipped: besides a syscall, ext4 turns
+	// a truncate to 0 followed by writes into a flush to disk at close
+	// (auto_da_alloc), which costs every small file created here a
+	// disk write it does not need.
+	if size != of.size {
+		if err := of.spill.Truncate(size); err != nil {
+			return fmt.Errorf("spill truncate: %w", err)
+		}
 	}
 	if st := of.stream; st != nil && size < st.next {
 		st.abandon()

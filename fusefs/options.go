@@ -52,7 +52,12 @@ type Options struct {
 	// UploadBlockSize is the size of one staged block. Default 8 MiB.
 	UploadBlockSize int64
 	// UploadConcurrency is the number of blocks staged in parallel per
-	// file. Default 8.
+	// file at a commit; files being written sequentially stream up to
+	// twice as many blocks at once, over all files, each holding an
+	// UploadBlockSize buffer (256 MiB at the defaults). Default 16: a
+	// single stream to the store is slow (tens of MB/s to Azure), and
+	// the writer waits for a free slot once all are taken, so the slots
+	// must cover the time one block takes to stage.
 	UploadConcurrency int
 
 	// AttrTimeout is how long the kernel and blobfs trust a file's
@@ -81,7 +86,7 @@ const (
 	defaultBlockCacheBytes   = 256 << 20
 	defaultReadBlockSize     = 8 << 20
 	defaultUploadBlockSize   = 8 << 20
-	defaultUploadConcurrency = 8
+	defaultUploadConcurrency = 16
 	defaultPrefetchFiles     = 16
 	defaultTimeout           = time.Second
 )

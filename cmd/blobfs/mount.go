@@ -59,7 +59,7 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.Int64Var(&c.cacheMB, "block-cache-mb", 256, "memory for the read block cache and read-ahead, MiB")
 	fl.Int64Var(&c.readMB, "read-block-mb", 8, "size of one ranged read, MiB")
 	fl.Int64Var(&c.uploadMB, "upload-block-mb", 8, "size of one staged upload block, MiB")
-	fl.IntVar(&c.fs.UploadConcurrency, "upload-concurrency", 8, "blocks uploaded in parallel per file")
+	fl.IntVar(&c.fs.UploadConcurrency, "upload-concurrency", 16, "blocks uploaded in parallel per file (twice as many in flight over all files being written)")
 	fl.IntVar(&c.fs.MaxReadAheadBlocks, "readahead-blocks", 0, "maximum read-ahead window in blocks (default: half of the cache, at most 32)")
 	fl.IntVar(&c.fs.PrefetchFiles, "prefetch-files", 16, "small files fetched ahead when a directory's files are read one after another in name order (0 disables)")
 	fl.DurationVar(&c.fs.AttrTimeout, "attr-timeout", time.Second, "how long file attributes are cached (0 disables)")
@@ -311,9 +311,12 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 	}
 	defer fsys.Close()
 	// Keep the heap near what the caches are allowed, so that the process
-	// stays within its configured memory (the block cache plus request
-	// buffers and upload blocks in flight).
-	debug.SetMemoryLimit(fsys.Options().BlockCacheBytes + 48<<20)
+	// stays within its configured memory: the block cache, the blocks of
+	// files being written that are in flight (fusefs.Options.
+	// UploadConcurrency), request buffers. A limit below what is in use
+	// would make the GC run without pause.
+	fo := fsys.Options()
+	debug.SetMemoryLimit(fo.BlockCacheBytes + 2*int64(fo.UploadConcurrency)*fo.UploadBlockSize + 48<<20)
 
 	mo := c.mount
 	mo.ReadOnly = opts.ReadOnly

@@ -1,0 +1,108 @@
+package fusefs
+
+import (
+	"context"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// gatedStore holds every StageBlock until the gate opens, and counts the
+// calls in flight.
+type gatedStore struct {
+	blobstore.Store
+	gate chan struct{} // closed (by open) to let StageBlock calls through
+	once sync.Once
+
+	mu       sync.Mutex
+	inFlight int
+	started  int
+}
+
+func (s *gatedStore) StageBlock(ctx context.Context, name, id string, data []byte) error {
+	s.mu.Lock()
+	s.inFlight++
+	s.started++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.inFlight--
+		s.mu.Unlock()
+	}()
+	select {
+	case <-s.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.Store.StageBlock(ctx, name, id, data)
+}
+
+func (s *gatedStore) open() { s.once.Do(func() { close(s.gate) }) }
+
+func (s *gatedStore) counts() (inFlight, started int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inFlight, s.started
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestStreamingStagesBlocksInParallel: while a file is being written, as
+// many blocks stage at once as there are upload slots (2 ×
+// UploadConcurrency), the writes are answered without waiting for them,
+// and the commit at close stages the tail while those are still in flight.
+func TestStreamingStagesBlocksInParallel(t *testing.T) {
+	const bs, conc = 1 << 20, 3
+	slots := 2 * conc
+	store := &gatedStore{Store: blobstore.NewMemory(), gate: make(chan struct{})}
+	mnt, _ := mountStore(t, store, Options{UploadBlockSize: bs, UploadConcurrency: conc})
+	t.Cleanup(store.open) // before the unmount, should the test fail early
+	data := pattern(slots*bs+777, 9)
+
+	f, err := os.Create(join(mnt, "par"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every full block is handed to an upload that cannot finish; the
+	// writes still return.
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "all full blocks staging at once", func() bool {
+		n, _ := store.counts()
+		return n == slots
+	})
+
+	closed := make(chan error, 1)
+	go func() { closed <- f.Close() }()
+	waitFor(t, "the tail staging beside the full blocks", func() bool {
+		n, started := store.counts()
+		return n == slots+1 && started == slots+1
+	})
+	select {
+	case err := <-closed:
+		t.Fatalf("close returned (%v) before its blocks were staged", err)
+	default:
+	}
+	store.open()
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	wantBlob(t, store, "par", data)
+	if _, started := store.counts(); started != slots+1 {
+		t.Fatalf("%d blocks staged, want %d (no block sent twice)", started, slots+1)
+	}
+}
