@@ -41,7 +41,7 @@ type blockCache struct {
 	store     blobstore.Store
 	blockSize int64
 	capacity  int64
-	fetchSem  chan struct{} // bounds read-ahead fetches in flight
+	fetchSem  chan struct{} // bounds read-ahead fetches in flight; more wait for a slot
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -184,22 +184,15 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 		return true
 	}
 	c.mu.Unlock()
-	select {
-	case c.fetchSem <- struct{}{}:
-	default:
-		return false
-	}
 	c.mu.Lock()
 	if c.blocks[key] != nil {
 		c.mu.Unlock()
-		<-c.fetchSem
 		return true
 	}
 	n := c.blockLen(key.idx, size)
 	buf, ok := c.reserveLocked(n, false)
 	if !ok {
 		c.mu.Unlock()
-		<-c.fetchSem
 		return false
 	}
 	// Pinned by the fetch itself so that it cannot be evicted half-filled.
@@ -210,6 +203,12 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 	c.blocks[key] = b
 	c.mu.Unlock()
 	go func() {
+		// Queued until a fetch slot is free: slots are taken in the
+		// order asked for (a channel's waiting senders are served
+		// first in, first out), so a window wider than the slots keeps
+		// every slot busy, the next block starting as soon as one
+		// arrives, whether or not the reader has moved on yet.
+		c.fetchSem <- struct{}{}
 		defer func() { <-c.fetchSem }()
 		if b.buf == nil {
 			b.buf = newBlockBuf(n)

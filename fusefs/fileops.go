@@ -405,7 +405,7 @@ func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) {
 	if off >= h.raNext-bs && off <= h.raNext+bs {
 		h.raSeq += int64(n)
 		byBytes := (h.raSeq*readAheadRatio + bs - 1) / bs
-		h.raWindow = int(min(max(int64(h.raWindow)*2, byBytes, 1), int64(fs.opts.MaxReadAheadBlocks)))
+		h.raWindow = int(min(max(int64(h.raWindow)*2, byBytes, 1), int64(fs.readAheadWindow())))
 	} else {
 		seek = h.raWindow > 0
 		h.raWindow, h.raSeq = 0, 0
@@ -432,6 +432,15 @@ func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) {
 // every byte it has read sequentially, until the window is full: 1 MiB
 // read opens a window of 128 MiB.
 const readAheadRatio = 128
+
+// readAheadWindow is the largest read-ahead window in blocks: twice the
+// fetches in flight (Options.MaxReadAheadBlocks), so that the next fetches
+// are queued when the first ones complete, but at most three quarters of
+// the cache, so that the blocks being read stay cached too.
+func (fs *FS) readAheadWindow() int {
+	cacheBlocks := int(fs.opts.BlockCacheBytes / fs.opts.ReadBlockSize)
+	return max(min(2*fs.opts.MaxReadAheadBlocks, cacheBlocks*3/4), 1)
+}
 
 func (fs *FS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
 	h := fs.handle(in.Fh)

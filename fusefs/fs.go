@@ -532,20 +532,24 @@ func (fs *FS) Access(cancel <-chan struct{}, in *fuse.AccessIn) fuse.Status {
 }
 
 // Extended attributes are not stored.
+// Extended attributes: blobfs stores none. ENOSYS makes the kernel stop
+// asking (each call then fails with EOPNOTSUPP at once): otherwise it asks
+// for security.capability before the first write to every file, one more
+// round trip per file written.
 func (fs *FS) GetXAttr(cancel <-chan struct{}, h *fuse.InHeader, attr string, dest []byte) (uint32, fuse.Status) {
-	return 0, fuse.ENOATTR
+	return 0, fuse.ENOSYS
 }
 
 func (fs *FS) ListXAttr(cancel <-chan struct{}, h *fuse.InHeader, dest []byte) (uint32, fuse.Status) {
-	return 0, fuse.OK
+	return 0, fuse.ENOSYS
 }
 
 func (fs *FS) SetXAttr(cancel <-chan struct{}, in *fuse.SetXAttrIn, attr string, data []byte) fuse.Status {
-	return fuse.ENOTSUP
+	return fuse.ENOSYS
 }
 
 func (fs *FS) RemoveXAttr(cancel <-chan struct{}, h *fuse.InHeader, attr string) fuse.Status {
-	return fuse.ENOATTR
+	return fuse.ENOSYS
 }
 
 func (fs *FS) Link(cancel <-chan struct{}, in *fuse.LinkIn, name string, out *fuse.EntryOut) fuse.Status {

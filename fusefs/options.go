@@ -23,12 +23,14 @@ type Options struct {
 	// (measured on Azurite: the SDK itself reads 2-3x slower with 4 MiB
 	// ranges than with 8 MiB).
 	ReadBlockSize int64
-	// MaxReadAheadBlocks caps the sequential read-ahead window, and the
-	// read-ahead fetches in flight across the mount. Default: half of the
-	// cache, at most 32 blocks (16 blocks of 8 MiB in the default 256 MiB:
-	// a store that gives 32 MiB/s per stream with 20 ms latency needs 16
-	// ranged GETs in flight to match a parallel download). At most half
-	// of the cache, so that the blocks being read stay cached too.
+	// MaxReadAheadBlocks is the number of read-ahead fetches in flight
+	// across the mount. A sequential reader's window of blocks fetched or
+	// queued ahead is twice that, at most three quarters of the cache, so
+	// that a slot takes the next block as soon as it frees up. Default:
+	// half of the cache, at most 32 blocks (16 blocks of 8 MiB in the
+	// default 256 MiB: a store that gives 32 MiB/s per stream with 20 ms
+	// latency needs 16 ranged GETs in flight to match a parallel
+	// download). At most half of the cache.
 	MaxReadAheadBlocks int
 	// PrefetchFiles is how many small files (of at most one read block)
 	// beyond the one being opened are fetched ahead when a directory's

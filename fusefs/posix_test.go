@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
 )
@@ -498,6 +500,15 @@ func checkUnsupported(t *testing.T, mnt string, s blobstore.Store) {
 	wantErrno(t, os.Link(join(mnt, "f"), join(mnt, "g")), syscall.EPERM)
 	wantErrno(t, os.Chmod(join(mnt, "f"), 0o600), syscall.EPERM)
 	wantErrno(t, syscall.Mkfifo(join(mnt, "fifo"), 0o644), syscall.EPERM)
+	// No extended attributes: the kernel is told once (ENOSYS) and then
+	// answers EOPNOTSUPP itself.
+	for range 2 {
+		_, err := unix.Getxattr(join(mnt, "f"), "user.x", make([]byte, 64))
+		wantErrno(t, err, syscall.EOPNOTSUPP)
+		wantErrno(t, unix.Setxattr(join(mnt, "f"), "user.x", []byte("v"), 0), syscall.EOPNOTSUPP)
+		_, err = unix.Listxattr(join(mnt, "f"), make([]byte, 64))
+		wantErrno(t, err, syscall.EOPNOTSUPP)
+	}
 	// Reading past the end is not an error.
 	f, err := os.Open(join(mnt, "f"))
 	if err != nil {

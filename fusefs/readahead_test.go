@@ -225,3 +225,38 @@ func TestDirectReadLargeFiles(t *testing.T) {
 		t.Fatalf("read whole file after mmap: %d bytes, %v", len(got), err)
 	}
 }
+
+// Read-ahead asked for beyond the fetch slots is queued, not dropped: the
+// slots stay full, never more than their number in flight, and every block
+// asked for arrives without the reader asking again.
+func TestReadAheadQueuesBeyondFetchSlots(t *testing.T) {
+	ctx := context.Background()
+	mem := blobstore.NewMemory()
+	const bs = 64 << 10
+	data := pattern(8*bs, 3)
+	putBlob(t, mem, "f", data, nil)
+	a, err := mem.Stat(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := &concurrencyStore{Store: mem, delay: 20 * time.Millisecond}
+	c := newBlockCache(cs, bs, 16*bs, 2)
+	for i := range int64(8) {
+		if !c.prefetch(blockKey{"f", a.ETag, i}, a.Size, 1) {
+			t.Fatalf("block %d: prefetch refused with room in the cache", i)
+		}
+	}
+	got := make([]byte, len(data))
+	if _, err := c.read(ctx, "f", a.ETag, a.Size, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("content differs")
+	}
+	if m := cs.maxConcurrent(); m > 2 {
+		t.Errorf("%d fetches in flight at once, want at most the 2 slots", m)
+	}
+	if n := mem.Requests()[blobstore.OpReadAt]; n != 8 {
+		t.Errorf("%d reads from the store, want 8 (each block once)", n)
+	}
+}

@@ -60,7 +60,7 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.Int64Var(&c.readMB, "read-block-mb", 8, "size of one ranged read, MiB")
 	fl.Int64Var(&c.uploadMB, "upload-block-mb", 8, "size of one staged upload block, MiB")
 	fl.IntVar(&c.fs.UploadConcurrency, "upload-concurrency", 16, "blocks uploaded in parallel per file (twice as many in flight over all files being written)")
-	fl.IntVar(&c.fs.MaxReadAheadBlocks, "readahead-blocks", 0, "maximum read-ahead window in blocks (default: half of the cache, at most 32)")
+	fl.IntVar(&c.fs.MaxReadAheadBlocks, "readahead-blocks", 0, "read-ahead fetches in flight, in blocks; the window ahead of a sequential reader is twice that, at most 3/4 of the cache (default: half of the cache, at most 32)")
 	fl.IntVar(&c.fs.PrefetchFiles, "prefetch-files", 16, "small files fetched ahead when a directory's files are read one after another in name order (0 disables)")
 	fl.DurationVar(&c.fs.AttrTimeout, "attr-timeout", time.Second, "how long file attributes are cached (0 disables)")
 	fl.DurationVar(&c.fs.EntryTimeout, "entry-timeout", time.Second, "how long name lookups are cached (0 disables)")
