@@ -104,8 +104,16 @@ func TestBlockCacheKeepsUnreadReadAhead(t *testing.T) {
 	c := newBlockCache(mem, block, 4*block, 4)
 	key := func(i int64) blockKey { return blockKey{"f", a.ETag, i} }
 	settle := func() {
+		// Fetches queue for a slot in goroutines of their own: wait
+		// until every block is fetched and unpinned into a list.
 		for range 1000 {
-			if len(c.fetchSem) == 0 {
+			c.mu.Lock()
+			busy := len(c.fetchSem) > 0
+			for _, b := range c.blocks {
+				busy = busy || b.elem == nil
+			}
+			c.mu.Unlock()
+			if !busy {
 				return
 			}
 			time.Sleep(time.Millisecond)

@@ -461,8 +461,8 @@ var errStopped = errors.New("session stopped")
 
 // A waiter is one reader's epoll instance. The /dev/fuse fd is registered
 // with EPOLLEXCLUSIVE, so that a request wakes one idle reader, not all of
-// them (with poll(2), every request woke every reader and all but one went
-// back to sleep: a dozen context switches per request on a small machine).
+// them (with poll(2), every request woke every idle reader, and all but one
+// went back to sleep).
 // The stop eventfd is registered without it: Stop wakes every reader.
 type waiter struct {
 	epfd   int
