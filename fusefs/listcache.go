@@ -88,7 +88,8 @@ func (c *listCache) isLarge(dir string) bool {
 
 type listing struct {
 	expiry     time.Time
-	refreshing bool // a refresh was started (claimRefresh)
+	refreshing bool   // a refresh was started (claimRefresh)
+	gen        uint64 // the directory's change counter when stored
 	entries    map[string]dirEntry
 	sorted     []string // entries' names in order; nil until asked for, and after a change
 }
@@ -121,7 +122,7 @@ func (c *listCache) put(dir string, entries map[string]dirEntry) {
 	if len(entries) > c.maxEntries {
 		return
 	}
-	c.dirs[dir] = &listing{expiry: time.Now().Add(c.ttl), entries: entries}
+	c.dirs[dir] = &listing{expiry: time.Now().Add(c.ttl), entries: entries, gen: c.gens[genBucket(dir)]}
 	c.total += len(entries)
 }
 
@@ -165,6 +166,12 @@ func (c *listCache) claimRefresh(dir string) bool {
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
 	if l == nil || l.refreshing || time.Until(l.expiry) > c.ttl/4 {
+		return false
+	}
+	if c.gens[genBucket(dir)] != l.gen {
+		// This mount is changing the directory (a file at a time,
+		// say): a listing fetched meanwhile would not be cached, and
+		// would only load the store.
 		return false
 	}
 	l.refreshing = true

@@ -27,6 +27,14 @@ func TestListCacheRefreshAhead(t *testing.T) {
 	if c.claimRefresh("other") {
 		t.Fatal("a directory with no listing was claimed")
 	}
+	// A directory this mount is changing is not refreshed: a listing
+	// fetched meanwhile would not be cached.
+	c.put("w", map[string]dirEntry{})
+	c.set("w", "new", dirEntry{kind: kindFile})
+	time.Sleep(170 * time.Millisecond)
+	if c.claimRefresh("w") {
+		t.Fatal("a directory being changed here was claimed for refresh")
+	}
 }
 
 // TestListCacheStaleListingNotCached: a listing fetched while this mount
