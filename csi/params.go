@@ -438,8 +438,8 @@ type mountSettings struct {
 // sense for one volume (not the store, the cache directory or logging,
 // which the driver owns), and the aliases mount(8) users know.
 var mountOptionNames = []string{
-	"block-cache-mb", "read-block-mb", "readahead-blocks", "upload-block-mb",
-	"upload-concurrency", "attr-timeout", "entry-timeout", "negative-timeout",
+	"block-cache-mb", "read-block-mb", "readahead-blocks", "prefetch-files",
+	"upload-block-mb", "upload-concurrency", "attr-timeout", "entry-timeout", "negative-timeout",
 	"list-timeout", "read-only", "allow-other", "uid", "gid", "umask",
 	"fuse-readers", "retry-attempts", "retry-max-delay", "debug-fuse",
 }
@@ -533,6 +533,13 @@ func parseMountOptions(opts []string, field string) (mountSettings, error) {
 			var n int64
 			n, err = intVal(1, 256)
 			s.FS.UploadConcurrency = int(n)
+		case "prefetch-files":
+			var n int64
+			n, err = intVal(0, 1024)
+			s.FS.PrefetchFiles = int(n)
+			if n == 0 {
+				s.FS.PrefetchFiles = -1 // 0 disables, as for blobfs mount
+			}
 		case "fuse-readers":
 			var n int64
 			n, err = intVal(1, 64)

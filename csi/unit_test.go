@@ -97,12 +97,18 @@ func TestMountOptions(t *testing.T) {
 	if err != nil || strings.Join(s2.Options, " ") != want {
 		t.Errorf("re-parse: %v %v", s2.Options, err)
 	}
+	for opt, want := range map[string]int{"prefetch-files=4": 4, "prefetch-files=0": -1} {
+		s, err := parseMountOptions([]string{opt}, "f")
+		if err != nil || s.FS.PrefetchFiles != want {
+			t.Errorf("%s: PrefetchFiles %d, %v; want %d", opt, s.FS.PrefetchFiles, err, want)
+		}
+	}
 	d := defaultMountSettings()
 	if !d.Mount.AllowOther || d.FS.Umask != 0 {
 		t.Errorf("CSI defaults: %+v", d)
 	}
 	for _, bad := range []string{"cache-dir=/x", "local-dir=/", "container=x", "log-file=/etc/passwd", "uid=-1", "umask=999",
-		"block-cache-mb=0", "attr-timeout=forever", "ro=maybe", "block-cache-mb=8,read-block-mb=8"} {
+		"block-cache-mb=0", "prefetch-files=-1", "attr-timeout=forever", "ro=maybe", "block-cache-mb=8,read-block-mb=8"} {
 		if _, err := parseMountOptions([]string{bad}, "f"); err == nil {
 			t.Errorf("mount option %q accepted", bad)
 		}
