@@ -383,8 +383,8 @@ func (fs *FS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.Re
 }
 
 // readAhead detects sequential reads on a handle and keeps a window of
-// blocks beyond the read being fetched in the background, at most
-// Options.MaxReadAheadBlocks.
+// blocks beyond the read being fetched in the background (or queued for a
+// fetch slot), at most readAheadWindow.
 //
 // The window doubles with every sequential read, and is at least
 // readAheadRatio times the bytes read sequentially so far: a stream read in

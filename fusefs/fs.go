@@ -531,7 +531,6 @@ func (fs *FS) Access(cancel <-chan struct{}, in *fuse.AccessIn) fuse.Status {
 	return fuse.OK
 }
 
-// Extended attributes are not stored.
 // Extended attributes: blobfs stores none. ENOSYS makes the kernel stop
 // asking (each call then fails with EOPNOTSUPP at once): otherwise it asks
 // for security.capability before the first write to every file, one more
