@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,14 +56,7 @@ func TestQuickAzurite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var table strings.Builder
-	if err := rep.Markdown(&table); err != nil {
-		t.Fatal(err)
-	}
-	t.Log("\n" + table.String())
-	if err := rep.Err(); err != nil {
-		t.Fatal(err)
-	}
+	table := logReport(t, rep)
 	for _, id := range FigureIDs() {
 		row, ok := rep.Row(id)
 		if !ok {
@@ -72,10 +66,28 @@ func TestQuickAzurite(t *testing.T) {
 		if row.Blobfs <= 0 || row.Baseline <= 0 {
 			t.Errorf("figure %s: blobfs %v, baseline %v: not measured", id, row.Blobfs, row.Baseline)
 		}
-		if !strings.Contains(table.String(), "| "+row.Figure+" |") {
+		if !strings.Contains(table, "| "+row.Figure+" |") {
 			t.Errorf("figure %s has no line in the table", id)
 		}
 	}
+}
+
+// logReport logs a report's tables, fails the test if a row failed, and
+// returns the tables.
+func logReport(t *testing.T, rep interface {
+	Markdown(io.Writer) error
+	Err() error
+}) string {
+	t.Helper()
+	var table strings.Builder
+	if err := rep.Markdown(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + table.String())
+	if err := rep.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return table.String()
 }
 
 // buildBlobfs builds cmd/blobfs into a temporary directory, with the race

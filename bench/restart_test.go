@@ -55,14 +55,7 @@ func TestRestartQuickAzurite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var table strings.Builder
-	if err := rep.Markdown(&table); err != nil {
-		t.Fatal(err)
-	}
-	t.Log("\n" + table.String())
-	if err := rep.Err(); err != nil {
-		t.Fatal(err)
-	}
+	table := logReport(t, rep)
 	if len(rep.Rows) != len(cfg.Mounts) {
 		t.Fatalf("%d rows for mount counts %v", len(rep.Rows), cfg.Mounts)
 	}
@@ -103,7 +96,7 @@ func TestRestartQuickAzurite(t *testing.T) {
 				}
 			}
 		}
-		if !strings.Contains(table.String(), fmt.Sprintf("\n| %d | ", row.Mounts)) {
+		if !strings.Contains(table, fmt.Sprintf("\n| %d | ", row.Mounts)) {
 			t.Errorf("%d mounts: no line in the table", row.Mounts)
 		}
 	}

@@ -232,6 +232,17 @@ func (h *restartHarness) command(c string) {
 
 // start runs a serving process, with extra environment variables, and
 // waits until it serves.
+// localStore opens the harness's store directory, to check or seed blobs
+// behind the mount's back.
+func (h *restartHarness) localStore() *blobstore.Local {
+	h.t.Helper()
+	s, err := blobstore.NewLocal(h.store)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return s
+}
+
 func (h *restartHarness) start(env ...string) {
 	h.t.Helper()
 	h.command(strings.Join(append([]string{"start"}, env...), " "))
@@ -344,10 +355,7 @@ func TestServerKilledMountSurvives(t *testing.T) {
 	}
 	t.Logf("reader made %d passes; pauses across restarts: %v", reads.Load(), pauses)
 
-	store, err := blobstore.NewLocal(h.store)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := h.localStore()
 	wantBlob(t, store, "log", want.Bytes())
 	for i := range 6 {
 		wantBlob(t, store, fmt.Sprintf("dir/f%d", i), []byte{byte(i)})
@@ -366,10 +374,7 @@ func TestServerKilledMountSurvives(t *testing.T) {
 func TestServerKilledMidRequest(t *testing.T) {
 	h := newRestartHarness(t, "BLOBFS_TEST_LATENCY=400ms")
 	data := pattern(3<<20, 21)
-	local, err := blobstore.NewLocal(h.store)
-	if err != nil {
-		t.Fatal(err)
-	}
+	local := h.localStore()
 	putBlob(t, local, "slow", data, nil)
 	h.start()
 	f, err := os.Open(join(h.mnt, "slow"))

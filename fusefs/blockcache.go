@@ -183,12 +183,6 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 		c.mu.Unlock()
 		return true
 	}
-	c.mu.Unlock()
-	c.mu.Lock()
-	if c.blocks[key] != nil {
-		c.mu.Unlock()
-		return true
-	}
 	n := c.blockLen(key.idx, size)
 	buf, ok := c.reserveLocked(n, false)
 	if !ok {

@@ -73,15 +73,7 @@ var resentCases = []resentCase{
 		op:   "create",
 		name: func(v string) string { return "new-" + v },
 		do: func(mnt, v string) error {
-			f, err := os.OpenFile(join(mnt, "new-"+v), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
-			if err != nil {
-				return err
-			}
-			if _, err := f.Write([]byte("created " + v)); err != nil {
-				f.Close()
-				return err
-			}
-			return f.Close()
+			return writeAndClose(join(mnt, "new-"+v), os.O_CREATE|os.O_EXCL|os.O_WRONLY, []byte("created "+v))
 		},
 		check: func(t *testing.T, mnt string, s blobstore.Store, v string) {
 			if got, err := os.ReadFile(join(mnt, "new-"+v)); err != nil || string(got) != "created "+v {
@@ -208,10 +200,7 @@ func waitNoSpillFiles(t *testing.T, cacheDir string) {
 func TestResentNamespaceChangesAnswerOnce(t *testing.T) {
 	h := newRestartHarness(t)
 	h.start()
-	store, err := blobstore.NewLocal(h.store)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := h.localStore()
 	for _, c := range resentCases {
 		for _, point := range []string{"begin", "store", "reply"} {
 			variant := point
@@ -238,23 +227,12 @@ func TestResentNamespaceChangesAnswerOnce(t *testing.T) {
 func TestCommitWithLostAnswer(t *testing.T) {
 	h := newRestartHarness(t)
 	h.start()
-	store, err := blobstore.NewLocal(h.store)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := h.localStore()
 
 	t.Run("append to an existing blob (If-Match)", func(t *testing.T) {
 		mustWrite(t, join(h.mnt, "log"), []byte("line 1\n"))
 		err := crashAndRestart(t, h, "commit/store/log", func() error {
-			f, err := os.OpenFile(join(h.mnt, "log"), os.O_WRONLY|os.O_APPEND, 0)
-			if err != nil {
-				return err
-			}
-			if _, err := f.Write([]byte("line 2\n")); err != nil {
-				f.Close()
-				return err
-			}
-			return f.Close()
+			return writeAndClose(join(h.mnt, "log"), os.O_WRONLY|os.O_APPEND, []byte("line 2\n"))
 		})
 		if err != nil {
 			t.Fatalf("close with the server killed after its commit: %v, want success", err)
@@ -269,15 +247,7 @@ func TestCommitWithLostAnswer(t *testing.T) {
 	t.Run("exclusive create (If-None-Match)", func(t *testing.T) {
 		data := pattern(300<<10, 7)
 		err := crashAndRestart(t, h, "commit/store/excl", func() error {
-			f, err := os.OpenFile(join(h.mnt, "excl"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
-			if err != nil {
-				return err
-			}
-			if _, err := f.Write(data); err != nil {
-				f.Close()
-				return err
-			}
-			return f.Close()
+			return writeAndClose(join(h.mnt, "excl"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, data)
 		})
 		if err != nil {
 			t.Fatalf("close with the server killed after its commit: %v, want success", err)
@@ -294,10 +264,7 @@ func TestCommitWithLostAnswer(t *testing.T) {
 func TestRestoredSpillUploadedOnClose(t *testing.T) {
 	h := newRestartHarness(t)
 	h.start()
-	store, err := blobstore.NewLocal(h.store)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := h.localStore()
 	mustWrite(t, join(h.mnt, "base"), pattern(100<<10, 3))
 
 	// A new file, and an existing one rewritten in the middle (its spill

@@ -343,19 +343,25 @@ func (k *Keeper) takeOwnerLocked(kc *keeperConn) bool {
 	return true
 }
 
+// releasedLocked records that kc's driver has released its mounts, or is
+// gone: whoever waits for it (an adopter) goes on, and kc owns nothing.
+func (k *Keeper) releasedLocked(kc *keeperConn) {
+	if !kc.gone {
+		kc.gone = true
+		close(kc.released)
+	}
+	if k.owner == kc {
+		k.owner = nil
+		k.cond.Broadcast()
+	}
+}
+
 func (k *Keeper) serveConn(kc *keeperConn) {
 	defer func() {
 		kc.c.Close()
 		k.mu.Lock()
 		delete(k.conns, kc)
-		if !kc.gone {
-			kc.gone = true
-			close(kc.released)
-		}
-		if k.owner == kc {
-			k.owner = nil
-			k.cond.Broadcast()
-		}
+		k.releasedLocked(kc)
 		k.mu.Unlock()
 	}()
 	for {
@@ -446,14 +452,7 @@ func (k *Keeper) handle(kc *keeperConn, m keeperMsg, fds []int) bool {
 	case "released":
 		closeFDs(fds)
 		k.mu.Lock()
-		if !kc.gone {
-			kc.gone = true
-			close(kc.released)
-		}
-		if k.owner == kc {
-			k.owner = nil
-			k.cond.Broadcast()
-		}
+		k.releasedLocked(kc)
 		k.mu.Unlock()
 		return true
 	case "adopt":

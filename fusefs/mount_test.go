@@ -59,6 +59,21 @@ func mountStore(t testing.TB, store blobstore.Store, opts Options) (string, *FS)
 	return mnt, fsys
 }
 
+// writeAndClose opens path with flag (mode 0644 if it creates), writes
+// data and closes it, returning the first error: close's too, which is
+// where a commit's failure shows.
+func writeAndClose(path string, flag int, data []byte) error {
+	f, err := os.OpenFile(path, flag, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
 // blobContent reads a blob straight from the store.
 func blobContent(t testing.TB, s blobstore.Store, name string) []byte {
 	t.Helper()

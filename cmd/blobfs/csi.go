@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -52,14 +51,8 @@ func runCSI(args []string) error {
 		fl.PrintDefaults()
 	}
 	registerCSIFlags(fl, &f)
-	if err := fl.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return usageError{err}
-	}
-	if fl.NArg() != 0 {
-		return usageError{fmt.Errorf("csi takes no arguments, got %q", fl.Args())}
+	if help, err := parseNoArgs(fl, args); help || err != nil {
+		return err
 	}
 	switch f.mode {
 	case "all":

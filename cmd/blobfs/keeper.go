@@ -24,14 +24,8 @@ func runKeeper(args []string) error {
 		fmt.Fprintln(fl.Output(), "usage: blobfs keeper --socket PATH   (holds the CSI driver's FUSE mounts across its restarts)")
 		fl.PrintDefaults()
 	}
-	if err := fl.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return usageError{err}
-	}
-	if fl.NArg() != 0 {
-		return usageError{fmt.Errorf("keeper takes no arguments, got %q", fl.Args())}
+	if help, err := parseNoArgs(fl, args); help || err != nil {
+		return err
 	}
 	if *socket == "" {
 		return usageError{errors.New("keeper needs --socket")}

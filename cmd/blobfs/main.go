@@ -41,6 +41,21 @@ func main() {
 
 type usageError struct{ error }
 
+// parseNoArgs parses the flags of a subcommand that takes no positional
+// arguments. help reports -h/--help (usage printed): the caller returns nil.
+func parseNoArgs(fl *flag.FlagSet, args []string) (help bool, err error) {
+	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return true, nil
+		}
+		return false, usageError{err}
+	}
+	if fl.NArg() != 0 {
+		return false, usageError{fmt.Errorf("%s takes no arguments, got %q", fl.Name(), fl.Args())}
+	}
+	return false, nil
+}
+
 const usage = `usage:
   blobfs mount [flags] MOUNTPOINT     mount a container (see blobfs mount --help)
   blobfs unmount [-z] MOUNTPOINT      unmount; -z detaches a busy mount lazily

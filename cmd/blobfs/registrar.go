@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -27,14 +26,8 @@ func runRegistrar(args []string) error {
 	fl.StringVar(&cfg.RegistrationDir, "registration-dir", "/registration", "kubelet's plugin registration directory (KUBELET_DIR/plugins_registry on the host)")
 	fl.DurationVar(&cfg.CheckInterval, "check-interval", 0, "how often the driver and the registration socket are checked (default 1s)")
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	if err := fl.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return usageError{err}
-	}
-	if fl.NArg() != 0 {
-		return usageError{fmt.Errorf("registrar takes no arguments, got %q", fl.Args())}
+	if help, err := parseNoArgs(fl, args); help || err != nil {
+		return err
 	}
 	logger, err := newLogger(logLevel, "", os.Stderr)
 	if err != nil {

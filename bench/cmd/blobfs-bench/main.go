@@ -16,7 +16,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -98,12 +97,7 @@ func run(args []string) error {
 	} else {
 		c, o = bench.DefaultConfig(), options{}
 	}
-	if v := os.Getenv("BLOBFS_TEST_AZURITE"); v != "" {
-		c.Endpoint = v
-	}
-	if v := os.Getenv("BLOBFS_TEST_AZURITE_KEY"); v != "" {
-		c.Key = v
-	}
+	bench.AzuriteFromEnv(&c.Endpoint, &c.Key)
 	fl := newFlags(&c, &o)
 	if err := fl.Parse(args); err != nil {
 		return err
@@ -142,16 +136,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	var w io.Writer = os.Stdout
-	if o.out != "" {
-		f, err := os.Create(o.out)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		w = io.MultiWriter(os.Stdout, f)
-	}
-	if err := rep.Markdown(w); err != nil {
+	if err := bench.WriteReport(rep.Markdown, o.out); err != nil {
 		return err
 	}
 	return rep.Err()

@@ -18,7 +18,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"strconv"
@@ -84,12 +83,7 @@ func run(args []string) error {
 	} else {
 		c, o = bench.DefaultRestartConfig(), options{}
 	}
-	if v := os.Getenv("BLOBFS_TEST_AZURITE"); v != "" {
-		c.Endpoint = v
-	}
-	if v := os.Getenv("BLOBFS_TEST_AZURITE_KEY"); v != "" {
-		c.Key = v
-	}
+	bench.AzuriteFromEnv(&c.Endpoint, &c.Key)
 	fl := newFlags(&c, &o)
 	if err := fl.Parse(args); err != nil {
 		return err
@@ -114,16 +108,7 @@ func run(args []string) error {
 	if rep == nil {
 		return err
 	}
-	var w io.Writer = os.Stdout
-	if o.out != "" {
-		f, ferr := os.Create(o.out)
-		if ferr != nil {
-			return ferr
-		}
-		defer f.Close()
-		w = io.MultiWriter(os.Stdout, f)
-	}
-	if mdErr := rep.Markdown(w); mdErr != nil {
+	if mdErr := bench.WriteReport(rep.Markdown, o.out); mdErr != nil {
 		return mdErr
 	}
 	return errors.Join(err, rep.Err())
