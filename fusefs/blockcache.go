@@ -15,12 +15,14 @@ import (
 // A block is keyed by blob name, ETag and index, so a rewritten blob never
 // serves stale bytes: its old blocks simply age out. Memory is bounded by
 // bytes: the buffers that exist never add up to more than capacity. A full
-// block's buffer (blockSize bytes) is recycled through a free list; the
-// last block of a blob gets a buffer of its own length, so that a cache
-// full of small files holds thousands of them, not capacity/blockSize. A
-// fetch in flight holds its buffer (a new one is allocated by the fetch,
-// off the READ path). When no room is left, demand reads wait for a buffer
-// to be unpinned and read-ahead is skipped.
+// block's buffer (blockSize bytes, mapped outside the Go heap: see
+// blockbuf.go) is recycled through a free list; the last block of a blob
+// gets a heap buffer of its own length, so that a cache full of small files
+// holds thousands of them, not capacity/blockSize. A fetch in flight holds
+// its buffer (a new one is allocated by the fetch, off the READ path). When
+// no room is left, demand reads wait for a buffer to be unpinned and
+// read-ahead is skipped. close unmaps the buffers; one still pinned is
+// unmapped when its last pin goes.
 //
 // Eviction: an unpinned block that has been read sits in lru. A block
 // fetched by read-ahead and not read yet sits in ahead instead, tagged with
@@ -51,6 +53,7 @@ type blockCache struct {
 	free   [][]byte       // full-size buffers not in use
 	used   int64          // bytes of every buffer that exists or is being allocated
 	owned  map[uint64]int // blocks tagged with each owner
+	closed bool           // buffers are freed as soon as unpinned
 
 	hits, misses uint64 // guarded by mu
 }
@@ -147,7 +150,7 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 			c.blocks[key] = b
 			c.mu.Unlock()
 			if b.buf == nil {
-				b.buf = newBlockBuf(n)
+				b.buf = c.newBuf(n)
 			}
 			c.fetch(b, size)
 		}
@@ -183,6 +186,10 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 		c.mu.Unlock()
 		return true
 	}
+	if c.closed {
+		c.mu.Unlock()
+		return false
+	}
 	n := c.blockLen(key.idx, size)
 	buf, ok := c.reserveLocked(n, false)
 	if !ok {
@@ -205,7 +212,7 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 		c.fetchSem <- struct{}{}
 		defer func() { <-c.fetchSem }()
 		if b.buf == nil {
-			b.buf = newBlockBuf(n)
+			b.buf = c.newBuf(n)
 		}
 		c.fetch(b, size)
 		c.unpin(b)
@@ -218,17 +225,16 @@ func (c *blockCache) blockLen(idx, size int64) int64 {
 	return max(min(c.blockSize, size-idx*c.blockSize), 0)
 }
 
-// newBlockBuf allocates a block buffer and faults its pages in. Fresh
-// memory from the OS is faulted in page by page on first write (about 4 ms
-// per 8 MiB block here); done now, before the GET, that cost overlaps the
-// store's latency instead of landing on the copy at the end of the fetch,
-// when every block of a window arrives at once.
-func newBlockBuf(n int64) []byte {
-	buf := make([]byte, n)
-	for i := 0; i < len(buf); i += 4096 {
-		buf[i] = 0
+// newBuf allocates a buffer of n bytes with its pages faulted in: done
+// before the GET, that cost overlaps the store's latency instead of landing
+// on the copy at the end of the fetch, when every block of a window arrives
+// at once. Full-size buffers are mapped (blockbuf.go), others are on the
+// heap.
+func (c *blockCache) newBuf(n int64) []byte {
+	if n == c.blockSize {
+		return allocBlockBuf(n)
 	}
-	return buf
+	return faultedHeapBuf(n)
 }
 
 // fetch fills b from the store. It does not depend on any one reader's
@@ -303,8 +309,11 @@ func (c *blockCache) unpin(b *block) {
 	if b.pins > 0 {
 		return
 	}
+	if c.closed && c.blocks[b.key] == b {
+		delete(c.blocks, b.key)
+	}
 	if c.blocks[b.key] != b {
-		// Failed or dropped: its buffer goes straight back.
+		// Failed, dropped or closed: its buffer goes straight back.
 		c.disownLocked(b)
 		c.releaseBufLocked(b.buf)
 		return
@@ -344,7 +353,7 @@ func (c *blockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
 		if k := len(c.free); k > 0 {
 			// Room is held by a full-size buffer this smaller one
 			// does not need.
-			c.used -= int64(cap(c.free[k-1]))
+			c.dropBufLocked(c.free[k-1])
 			c.free = c.free[:k-1]
 			continue
 		}
@@ -356,7 +365,7 @@ func (c *blockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
 			if int64(cap(b.buf)) == n {
 				return b.buf[:n], true
 			}
-			c.used -= int64(cap(b.buf))
+			c.dropBufLocked(b.buf)
 			continue
 		}
 		if !demand {
@@ -382,12 +391,37 @@ func (c *blockCache) evictLocked(l *list.List) *block {
 
 // releaseBufLocked takes back a buffer no block holds any more.
 func (c *blockCache) releaseBufLocked(buf []byte) {
-	if int64(cap(buf)) == c.blockSize {
+	if int64(cap(buf)) == c.blockSize && !c.closed {
 		c.free = append(c.free, buf[:cap(buf)])
 	} else {
-		c.used -= int64(cap(buf))
+		c.dropBufLocked(buf)
 	}
 	c.cond.Signal()
+}
+
+// dropBufLocked frees a buffer no block holds and no one has pinned.
+func (c *blockCache) dropBufLocked(buf []byte) {
+	c.used -= int64(cap(buf))
+	freeBlockBuf(buf)
+}
+
+// close frees every buffer not pinned now, and makes the cache free each
+// remaining one when its pin goes. A read after close still works, from a
+// buffer freed when the read is done. Call it once the mount is gone.
+func (c *blockCache) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	for _, buf := range c.free {
+		c.dropBufLocked(buf)
+	}
+	c.free = nil
+	for _, l := range []*list.List{c.lru, c.ahead} {
+		for b := c.evictLocked(l); b != nil; b = c.evictLocked(l) {
+			c.dropBufLocked(b.buf)
+		}
+	}
+	c.cond.Broadcast()
 }
 
 // stats returns hit and miss counts.

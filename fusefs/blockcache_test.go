@@ -58,3 +58,67 @@ func TestBlockCacheSmallBlocksByBytes(t *testing.T) {
 		t.Fatalf("%d bytes of buffers, capacity %d", c.used, c.capacity)
 	}
 }
+
+// TestBlockCacheCloseUnmapsBuffers: full-size buffers are mapped outside the
+// Go heap; close unmaps every one not pinned at once and a pinned one when
+// its pin goes, and a read after close still returns the right bytes
+// without keeping any buffer.
+func TestBlockCacheCloseUnmapsBuffers(t *testing.T) {
+	ctx := context.Background()
+	mem := blobstore.NewMemory()
+	const bs = 1 << 20
+	data := make([]byte, 4*bs+100)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	putBlob(t, mem, "f", data, nil)
+	a, err := mem.Stat(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapped := func() int {
+		mappedBufs.Lock()
+		defer mappedBufs.Unlock()
+		return len(mappedBufs.bases)
+	}
+	before := mapped()
+	c := newBlockCache(mem, bs, 8*bs, 4)
+	p := make([]byte, len(data))
+	if _, err := c.read(ctx, "f", a.ETag, a.Size, p, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p, data) {
+		t.Fatal("read returned other bytes")
+	}
+	if got := mapped() - before; got != 4 {
+		t.Fatalf("%d buffers mapped for 4 full blocks and a 100-byte tail, want 4", got)
+	}
+	pinned, err := c.get(ctx, blockKey{"f", a.ETag, 1}, a.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	if got := mapped() - before; got != 1 {
+		t.Fatalf("after close, %d buffers still mapped, want the pinned one", got)
+	}
+	if !bytes.Equal(pinned.buf, data[bs:2*bs]) {
+		t.Fatal("pinned block changed by close")
+	}
+	c.unpin(pinned)
+	if got := mapped() - before; got != 0 || c.used != 0 {
+		t.Fatalf("after the last unpin: %d buffers mapped, %d bytes used; want none", got, c.used)
+	}
+	clear(p)
+	if _, err := c.read(ctx, "f", a.ETag, a.Size, p, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p, data) {
+		t.Fatal("read after close returned other bytes")
+	}
+	if c.prefetch(blockKey{"f", a.ETag, 0}, a.Size, 0) {
+		t.Fatal("prefetch started after close")
+	}
+	if got := mapped() - before; got != 0 || c.used != 0 || len(c.blocks) != 0 {
+		t.Fatalf("after a read past close: %d buffers mapped, %d bytes used, %d blocks; want none", got, c.used, len(c.blocks))
+	}
+}

@@ -569,4 +569,5 @@ func (fs *FS) Tmpfile(cancel <-chan struct{}, in *fuse.CreateIn, out *fuse.Creat
 func (fs *FS) Close() {
 	fs.cancel()
 	fs.bg.Wait()
+	fs.blocks.close()
 }
