@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -24,6 +25,29 @@ import (
 // The price is explicit freeing: a mapped buffer must be unmapped once and
 // never touched again, which the block cache guarantees by freeing only
 // buffers no block holds and no fetch or reader has pinned.
+//
+// Freed buffers wait in a process-wide pool before they are unmapped (at
+// most bufPoolMaxBytes, for bufPoolIdle): fresh memory costs 10-14 ms per
+// 8 MiB to fault in on these machines even as huge pages, and one process
+// serves many mounts that come and go (the CSI driver; the benchmark's
+// in-process mounts), so the next mount's cache takes the last one's
+// memory instead.
+const (
+	bufPoolMaxBytes = 1 << 30
+	bufPoolIdle     = 30 * time.Second
+)
+
+var bufPool struct {
+	sync.Mutex
+	bySize map[int64][]pooledBuf // oldest first
+	bytes  int64
+	trim   *time.Timer // pending trimBufPool, nil when the pool is empty
+}
+
+type pooledBuf struct {
+	buf   []byte
+	freed time.Time
+}
 
 // mappedBufs records the base address of every mapped buffer, so that a
 // buffer that had to fall back to the Go heap is never handed to munmap.
@@ -32,20 +56,35 @@ var mappedBufs struct {
 	bases map[uintptr]struct{}
 }
 
-// allocBlockBuf returns n zeroed bytes whose pages are already faulted in,
-// mapped outside the Go heap when possible. Free it with freeBlockBuf.
+// allocBlockBuf returns n bytes whose pages are already faulted in, mapped
+// outside the Go heap when possible; they are not zeroed when they come
+// from the pool. Free them with freeBlockBuf.
 func allocBlockBuf(n int64) []byte {
+	bufPool.Lock()
+	if l := bufPool.bySize[n]; len(l) > 0 {
+		// The most recently freed: the likeliest to be in CPU caches.
+		buf := l[len(l)-1].buf
+		bufPool.bySize[n] = l[:len(l)-1]
+		bufPool.bytes -= n
+		bufPool.Unlock()
+		return buf
+	}
+	bufPool.Unlock()
 	buf, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return faultedHeapBuf(n)
 	}
-	// Advice only: where transparent huge pages are off, populate
-	// still faults the pages in, one syscall for all.
+	// Advice only: where transparent huge pages are off, the buffer
+	// gets small pages.
 	_ = unix.Madvise(buf, unix.MADV_HUGEPAGE)
-	if unix.Madvise(buf, unix.MADV_POPULATE_WRITE) != nil {
-		// Before Linux 5.14: touch each page instead.
-		touchPages(buf)
-	}
+	// Populate allocates every page in one call (it fails before Linux
+	// 5.14). Touching each page as well costs nothing where it worked
+	// with huge pages, and where small pages were mapped it takes the
+	// first-access faults now: under paravirtualised paging the guest's
+	// populate alone left a 10 ms fault storm per 8 MiB for the first
+	// copy into the buffer, measured here.
+	_ = unix.Madvise(buf, unix.MADV_POPULATE_WRITE)
+	touchPages(buf)
 	mappedBufs.Lock()
 	if mappedBufs.bases == nil {
 		mappedBufs.bases = map[uintptr]struct{}{}
@@ -55,22 +94,74 @@ func allocBlockBuf(n int64) []byte {
 	return buf
 }
 
-// freeBlockBuf releases a buffer from allocBlockBuf; a heap fallback is
-// left to the garbage collector.
+// freeBlockBuf releases a buffer from allocBlockBuf into the pool; a heap
+// fallback is left to the garbage collector.
 func freeBlockBuf(buf []byte) {
 	if cap(buf) == 0 {
 		return
 	}
 	buf = buf[:cap(buf)]
-	base := bufBase(buf)
 	mappedBufs.Lock()
-	_, mapped := mappedBufs.bases[base]
-	delete(mappedBufs.bases, base)
+	_, mapped := mappedBufs.bases[bufBase(buf)]
 	mappedBufs.Unlock()
-	if mapped {
-		if err := unix.Munmap(buf); err != nil {
-			panic("blobfs: unmapping a block buffer: " + err.Error())
+	if !mapped {
+		return
+	}
+	n := int64(len(buf))
+	bufPool.Lock()
+	defer bufPool.Unlock()
+	if bufPool.bytes+n > bufPoolMaxBytes {
+		unmapBlockBuf(buf)
+		return
+	}
+	if bufPool.bySize == nil {
+		bufPool.bySize = map[int64][]pooledBuf{}
+	}
+	bufPool.bySize[n] = append(bufPool.bySize[n], pooledBuf{buf, time.Now()})
+	bufPool.bytes += n
+	if bufPool.trim == nil {
+		bufPool.trim = time.AfterFunc(bufPoolIdle, func() { trimBufPool(time.Now()) })
+	}
+}
+
+// trimBufPool unmaps the buffers idle in the pool for bufPoolIdle at now,
+// and schedules itself again for the rest.
+func trimBufPool(now time.Time) {
+	bufPool.Lock()
+	defer bufPool.Unlock()
+	next := time.Duration(-1)
+	for n, l := range bufPool.bySize {
+		i := 0
+		for ; i < len(l) && now.Sub(l[i].freed) >= bufPoolIdle; i++ {
+			unmapBlockBuf(l[i].buf)
+			bufPool.bytes -= n
 		}
+		l = l[i:]
+		if len(l) == 0 {
+			delete(bufPool.bySize, n)
+			continue
+		}
+		bufPool.bySize[n] = l
+		if wait := bufPoolIdle - now.Sub(l[0].freed); next < 0 || wait < next {
+			next = wait
+		}
+	}
+	if bufPool.trim != nil {
+		bufPool.trim.Stop()
+		bufPool.trim = nil
+	}
+	if next >= 0 {
+		bufPool.trim = time.AfterFunc(next, func() { trimBufPool(time.Now()) })
+	}
+}
+
+// unmapBlockBuf returns a mapped buffer's memory to the system.
+func unmapBlockBuf(buf []byte) {
+	mappedBufs.Lock()
+	delete(mappedBufs.bases, bufBase(buf))
+	mappedBufs.Unlock()
+	if err := unix.Munmap(buf); err != nil {
+		panic("blobfs: unmapping a block buffer: " + err.Error())
 	}
 }
 

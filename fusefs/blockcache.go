@@ -43,7 +43,9 @@ type blockCache struct {
 	store     blobstore.Store
 	blockSize int64
 	capacity  int64
-	fetchSem  chan struct{} // bounds read-ahead fetches in flight; more wait for a slot
+	// maxFetches bounds read-ahead fetches in flight; more wait in
+	// queue, served first in, first out.
+	maxFetches int
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -53,6 +55,8 @@ type blockCache struct {
 	free   [][]byte       // full-size buffers not in use
 	used   int64          // bytes of every buffer that exists or is being allocated
 	owned  map[uint64]int // blocks tagged with each owner
+	queue  *list.List     // read-ahead blocks waiting for a fetch slot, oldest first
+	active int            // fetch workers running (at most maxFetches)
 	closed bool           // buffers are freed as soon as unpinned
 
 	hits, misses uint64 // guarded by mu
@@ -74,18 +78,24 @@ type block struct {
 	// owner is the handle whose read-ahead fetched the block, until
 	// the block is first read (then 0): the block waits in ahead.
 	owner uint64
+	// queued: asked for by read-ahead, waiting in queue (at qelem) for a
+	// fetch slot; size is the blob's size, for the fetch.
+	queued bool
+	qelem  *list.Element
+	size   int64
 }
 
 func newBlockCache(store blobstore.Store, blockSize, capacity int64, maxFetches int) *blockCache {
 	c := &blockCache{
-		store:     store,
-		blockSize: blockSize,
-		capacity:  capacity,
-		owned:     map[uint64]int{},
-		fetchSem:  make(chan struct{}, maxFetches),
-		blocks:    map[blockKey]*block{},
-		lru:       list.New(),
-		ahead:     list.New(),
+		store:      store,
+		blockSize:  blockSize,
+		capacity:   capacity,
+		owned:      map[uint64]int{},
+		maxFetches: max(maxFetches, 1),
+		queue:      list.New(),
+		blocks:     map[blockKey]*block{},
+		lru:        list.New(),
+		ahead:      list.New(),
 	}
 	c.cond = sync.NewCond(&c.mu)
 	return c
@@ -123,7 +133,16 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 		c.hits++
 		c.pinLocked(b)
 		c.disownLocked(b) // read: evictable like any other
+		queued := b.queued
+		if queued {
+			// Still waiting for a slot: a reader must not wait
+			// behind read-ahead, so fetch it now, for the queue.
+			c.unqueueLocked(b)
+		}
 		c.mu.Unlock()
+		if queued {
+			c.runFetch(b)
+		}
 	} else {
 		c.misses++
 		n := c.blockLen(key.idx, size)
@@ -197,28 +216,87 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 		return false
 	}
 	// Pinned by the fetch itself so that it cannot be evicted half-filled.
-	b := &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1, owner: owner}
+	b := &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1, owner: owner, size: size}
 	if owner != 0 {
 		c.owned[owner]++
 	}
 	c.blocks[key] = b
+	// Queued for a fetch slot, in the order asked for, so that a window
+	// wider than the slots keeps every slot busy with the blocks the
+	// reader needs first: the next block starts as soon as one arrives,
+	// whether or not the reader has moved on yet. (Goroutines waiting on
+	// a semaphore each did not start in the order they were created: a
+	// random half of a window went first, and the reader waited a whole
+	// fetch time for a block queued behind blocks it needed later.)
+	b.queued = true
+	b.qelem = c.queue.PushBack(b)
+	if c.active < c.maxFetches {
+		c.active++
+		go c.fetchWorker()
+	}
 	c.mu.Unlock()
-	go func() {
-		// Queued until a fetch slot is free: slots are taken in the
-		// order asked for (a channel's waiting senders are served
-		// first in, first out), so a window wider than the slots keeps
-		// every slot busy, the next block starting as soon as one
-		// arrives, whether or not the reader has moved on yet.
-		c.fetchSem <- struct{}{}
-		defer func() { <-c.fetchSem }()
-		if b.buf == nil {
-			b.buf = c.newBuf(n)
-		}
-		c.fetch(b, size)
-		c.unpin(b)
-	}()
 	return true
 }
+
+// fetchWorker fetches queued read-ahead blocks, oldest first, until the
+// queue is empty.
+func (c *blockCache) fetchWorker() {
+	for {
+		c.mu.Lock()
+		e := c.queue.Front()
+		if e == nil {
+			c.active--
+			c.mu.Unlock()
+			return
+		}
+		b := e.Value.(*block)
+		c.unqueueLocked(b)
+		if c.closed {
+			c.abandonLocked(b)
+			c.mu.Unlock()
+			continue
+		}
+		c.mu.Unlock()
+		c.runFetch(b)
+	}
+}
+
+// unqueueLocked takes b off the fetch queue; its fetch is the caller's.
+func (c *blockCache) unqueueLocked(b *block) {
+	c.queue.Remove(b.qelem)
+	b.queued, b.qelem = false, nil
+}
+
+// runFetch fetches a block that read-ahead asked for and drops the
+// fetch's own pin.
+func (c *blockCache) runFetch(b *block) {
+	if b.buf == nil {
+		b.buf = c.newBuf(c.blockLen(b.key.idx, b.size))
+	}
+	c.fetch(b, b.size)
+	c.unpin(b)
+}
+
+// abandonLocked gives up a queued block that nobody has pinned but its
+// fetch, without fetching it.
+func (c *blockCache) abandonLocked(b *block) {
+	if c.blocks[b.key] == b {
+		delete(c.blocks, b.key)
+	}
+	c.disownLocked(b)
+	if b.buf == nil {
+		// Its bytes were counted when reserved, its buffer not made.
+		c.used -= c.blockLen(b.key.idx, b.size)
+		c.cond.Signal()
+	} else {
+		c.releaseBufLocked(b.buf)
+	}
+	b.err = errCacheClosed
+	close(b.ready)
+}
+
+// errCacheClosed ends a read-ahead fetch abandoned by close.
+var errCacheClosed = errors.New("block cache closed")
 
 // blockLen is the length of block idx of a blob of the given size.
 func (c *blockCache) blockLen(idx, size int64) int64 {
@@ -405,13 +483,19 @@ func (c *blockCache) dropBufLocked(buf []byte) {
 	freeBlockBuf(buf)
 }
 
-// close frees every buffer not pinned now, and makes the cache free each
-// remaining one when its pin goes. A read after close still works, from a
+// close drops the read-ahead not started yet, frees every buffer not
+// pinned now, and makes the cache free each remaining one when its pin
+// goes. A read after close still works, from a
 // buffer freed when the read is done. Call it once the mount is gone.
 func (c *blockCache) close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed = true
+	for e := c.queue.Front(); e != nil; e = c.queue.Front() {
+		b := e.Value.(*block)
+		c.unqueueLocked(b)
+		c.abandonLocked(b)
+	}
 	for _, buf := range c.free {
 		c.dropBufLocked(buf)
 	}

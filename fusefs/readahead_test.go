@@ -3,6 +3,7 @@ package fusefs
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -108,7 +109,7 @@ func TestBlockCacheKeepsUnreadReadAhead(t *testing.T) {
 		// until every block is fetched and unpinned into a list.
 		for range 1000 {
 			c.mu.Lock()
-			busy := len(c.fetchSem) > 0
+			busy := c.active > 0 || c.queue.Len() > 0
 			for _, b := range c.blocks {
 				busy = busy || b.elem == nil
 			}
@@ -266,5 +267,88 @@ func TestReadAheadQueuesBeyondFetchSlots(t *testing.T) {
 	}
 	if n := mem.Requests()[blobstore.OpReadAt]; n != 8 {
 		t.Errorf("%d reads from the store, want 8 (each block once)", n)
+	}
+}
+
+// orderStore records the block index of every ReadAt in the order they
+// start, and holds each until release is closed.
+type orderStore struct {
+	blobstore.Store
+	block   int64
+	release chan struct{}
+
+	mu      sync.Mutex
+	started []int64
+}
+
+func (s *orderStore) ReadAt(ctx context.Context, name string, p []byte, off int64, etag string) (int, error) {
+	s.mu.Lock()
+	s.started = append(s.started, off/s.block)
+	s.mu.Unlock()
+	<-s.release
+	return s.Store.ReadAt(ctx, name, p, off, etag)
+}
+
+func (s *orderStore) order() []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]int64(nil), s.started...)
+}
+
+// Read-ahead beyond the fetch slots starts in the order it was asked for
+// (a reader needs the nearest blocks first), and a reader that needs a
+// block still queued fetches it at once instead of waiting behind the
+// others.
+func TestReadAheadFetchesInOrder(t *testing.T) {
+	const block = 64 << 10
+	ctx := context.Background()
+	mem := blobstore.NewMemory()
+	data := pattern(12*block, 4)
+	putBlob(t, mem, "f", data, nil)
+	a, err := mem.Stat(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &orderStore{Store: mem, block: block, release: make(chan struct{})}
+	c := newBlockCache(s, block, 12*block, 2)
+	defer c.close()
+	for i := int64(1); i <= 8; i++ {
+		c.prefetch(blockKey{"f", a.ETag, i}, a.Size, 1)
+	}
+	waitFor := func(n int) []int64 {
+		t.Helper()
+		for range 2000 {
+			if got := s.order(); len(got) >= n {
+				return got
+			}
+			time.Sleep(time.Millisecond)
+		}
+		t.Fatalf("fetches started: %v, want %d", s.order(), n)
+		return nil
+	}
+	if got := waitFor(2); len(got) != 2 || got[0]+got[1] != 3 {
+		t.Fatalf("first fetches: %v, want blocks 1 and 2 (two slots)", got)
+	}
+	// Block 7 is queued behind 3-6: a read of it starts it now.
+	readDone := make(chan error, 1)
+	go func() {
+		p := make([]byte, block)
+		_, err := c.read(ctx, "f", a.ETag, a.Size, p, 7*block)
+		if err == nil && !bytes.Equal(p, data[7*block:8*block]) {
+			err = fmt.Errorf("read of block 7 returned other bytes")
+		}
+		readDone <- err
+	}()
+	if got := waitFor(3); got[2] != 7 {
+		t.Fatalf("fetches started: %v, want block 7 third (read on demand)", got)
+	}
+	close(s.release)
+	if err := <-readDone; err != nil {
+		t.Fatal(err)
+	}
+	got := waitFor(8)
+	want := []int64{3, 4, 5, 6, 8}
+	if fmt.Sprint(got[3:]) != fmt.Sprint(want) {
+		t.Fatalf("fetches started: %v, want the queue in order after the first three: %v", got, want)
 	}
 }

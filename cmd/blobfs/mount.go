@@ -311,10 +311,11 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 	}
 	defer fsys.Close()
 	// Keep the heap near what the caches are allowed, so that the process
-	// stays within its configured memory: the block cache, the blocks of
-	// files being written that are in flight (fusefs.Options.
-	// UploadConcurrency), request buffers. A limit below what is in use
-	// would make the GC run without pause.
+	// stays within its configured memory: the block cache (its full-size
+	// blocks are mapped outside the heap, but a cache full of small files
+	// is all heap), the blocks of files being written that are in flight
+	// (fusefs.Options.UploadConcurrency), request buffers. A limit below
+	// what is in use would make the GC run without pause.
 	fo := fsys.Options()
 	debug.SetMemoryLimit(fo.BlockCacheBytes + 2*int64(fo.UploadConcurrency)*fo.UploadBlockSize + 48<<20)
 
