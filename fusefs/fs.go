@@ -293,7 +293,7 @@ func (fs *FS) resolve(ctx context.Context, dir *node, dirPath, name string) (*no
 
 	path := joinPath(dirPath, name)
 	e, found, ok := fs.lists.lookup(dirPath, name)
-	if !ok && fs.warmListing(ctx, dirPath) {
+	if !ok && fs.lists.secondMiss(dirPath) && fs.warmListing(ctx, dirPath) {
 		e, found, ok = fs.lists.lookup(dirPath, name)
 	} else if ok && fs.lists.claimRefresh(dirPath) {
 		fs.refreshListing(dirPath)

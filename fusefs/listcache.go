@@ -26,6 +26,9 @@ type listCache struct {
 	// large remembers, for a while, directories too big to list for a
 	// single lookup; guarded by mu and bounded by maxLarge.
 	large map[string]time.Time
+	// missed remembers, for ttl, directories a lookup could not answer
+	// from a listing (secondMiss); guarded by mu and bounded by maxLarge.
+	missed map[string]time.Time
 	// gens counts this mount's changes to directories, by a hash of the
 	// directory's path; guarded by mu. A listing fetched while one of its
 	// directory's counters moved may lack the change, and is not cached
@@ -86,6 +89,30 @@ func (c *listCache) isLarge(dir string) bool {
 	return ok
 }
 
+// secondMiss records a lookup in dir that no cached listing could answer,
+// and reports whether another one came less than ttl before it. The first
+// name looked up in a directory is probed (a Stat and a one-name List, in
+// parallel); a directory looked up in again is listed whole, which answers
+// the lookups after it. A single lookup (a path walked through its
+// parents, a stat) then never pays for listing a big parent: on Azurite,
+// whose listings scan the whole container, listing a root of 21 names in a
+// container of 9,000 blobs took 16-51 ms against a probe's 4-17 ms; a
+// directory read file by file pays one probe more.
+func (c *listCache) secondMiss(dir string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	if t, ok := c.missed[dir]; ok && now.Sub(t) < c.ttl {
+		delete(c.missed, dir)
+		return true
+	}
+	if len(c.missed) >= maxLarge {
+		clear(c.missed)
+	}
+	c.missed[dir] = now
+	return false
+}
+
 type listing struct {
 	expiry     time.Time
 	refreshing bool   // a refresh was started (claimRefresh)
@@ -105,7 +132,7 @@ type dirEntry struct {
 }
 
 func newListCache(ttl time.Duration, maxEntries int) *listCache {
-	return &listCache{ttl: ttl, maxEntries: maxEntries, dirs: map[string]*listing{}, large: map[string]time.Time{}}
+	return &listCache{ttl: ttl, maxEntries: maxEntries, dirs: map[string]*listing{}, large: map[string]time.Time{}, missed: map[string]time.Time{}}
 }
 
 // put stores a complete listing of dir.

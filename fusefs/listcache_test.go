@@ -65,3 +65,25 @@ func TestListCacheStaleListingNotCached(t *testing.T) {
 		t.Error("a change elsewhere kept the listing out")
 	}
 }
+
+// TestListCacheSecondMiss: the first lookup that misses in a directory is
+// probed; another within the listing timeout lists the directory.
+func TestListCacheSecondMiss(t *testing.T) {
+	c := newListCache(100*time.Millisecond, 1000)
+	if c.secondMiss("d") {
+		t.Fatal("first miss in d asked for a listing")
+	}
+	if c.secondMiss("e") {
+		t.Fatal("first miss in e asked for a listing")
+	}
+	if !c.secondMiss("d") {
+		t.Fatal("second miss in d did not ask for a listing")
+	}
+	if c.secondMiss("d") {
+		t.Fatal("the miss after a listing was asked for asked again")
+	}
+	time.Sleep(150 * time.Millisecond)
+	if c.secondMiss("e") {
+		t.Fatal("a miss after the listing timeout counted as a second one")
+	}
+}

@@ -446,7 +446,8 @@ func TestKernelReadAheadRaised(t *testing.T) {
 }
 
 // TestOpenByNameInSmallDirectory: opening many files of a small directory
-// by name costs one listing, not a probe per name.
+// by name costs one listing, not a probe per name: a probe (Stat + List)
+// of d, one of the first name, then the listing of d answers the rest.
 func TestOpenByNameInSmallDirectory(t *testing.T) {
 	mem := blobstore.NewMemory()
 	for i := range 200 {
@@ -461,7 +462,7 @@ func TestOpenByNameInSmallDirectory(t *testing.T) {
 	}
 	after := mem.Requests()
 	meta := after[blobstore.OpStat] + after[blobstore.OpList] - before[blobstore.OpStat] - before[blobstore.OpList]
-	if meta > 4 {
+	if meta > 5 {
 		t.Fatalf("200 opens by name cost %d stat/list requests: %v -> %v", meta, before, after)
 	}
 	if reads := after[blobstore.OpReadAt] - before[blobstore.OpReadAt]; reads != 200 {
