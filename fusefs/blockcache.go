@@ -7,6 +7,8 @@ import (
 	"io"
 	"sync"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
+
 	"github.com/blobfs/blobfs/blobstore"
 )
 
@@ -103,6 +105,7 @@ func newBlockCache(store blobstore.Store, blockSize, capacity int64, maxFetches 
 
 // read copies the bytes of blob name (of the given size and ETag) at off
 // into p, fetching blocks as needed. It returns the number of bytes copied.
+// It pins one block at a time: a read longer than the cache still ends.
 func (c *blockCache) read(ctx context.Context, name, etag string, size int64, p []byte, off int64) (int, error) {
 	end := min(off+int64(len(p)), size)
 	done := 0
@@ -123,6 +126,90 @@ func (c *blockCache) read(ctx context.Context, name, etag string, size int64, p 
 		pos += int64(n)
 	}
 	return done, nil
+}
+
+// pin returns the bytes of blob name (of the given size and ETag) from off,
+// at most n, in the cache's own block, fetched if need be; the block stays
+// pinned, its bytes unchanged, until the range is released. ok is false,
+// and nothing is pinned, when the bytes span two blocks: holding one block
+// while waiting for a buffer for the next could deadlock readers in a small
+// cache, so such reads copy (read).
+func (c *blockCache) pin(ctx context.Context, name, etag string, size, off int64, n int) (r *pinnedRange, ok bool, err error) {
+	end := min(off+int64(n), size)
+	if end <= off {
+		return &pinnedRange{c: c}, true, nil
+	}
+	idx := off / c.blockSize
+	if (end-1)/c.blockSize != idx {
+		return nil, false, nil
+	}
+	b, err := c.get(ctx, blockKey{name, etag, idx}, size)
+	if err != nil {
+		return nil, true, err
+	}
+	start := off - idx*c.blockSize
+	data := b.buf[min(start, int64(len(b.buf))):min(int64(len(b.buf)), end-idx*c.blockSize)]
+	if len(data) == 0 {
+		// The blob is shorter than its attributes said.
+		c.unpin(b)
+		return nil, true, io.ErrUnexpectedEOF
+	}
+	return &pinnedRange{c: c, b: b, data: data}, true, nil
+}
+
+// pinnedRange is a range of a blob held in a pinned cache block. As the
+// answer to a READ (a fuse.ReadResult), its bytes go to the kernel
+// straight from the block when the session reading the request offers a
+// reply slot (see Readv), without a copy into the reply buffer.
+type pinnedRange struct {
+	c    *blockCache
+	b    *block // nil once released, and for an empty range
+	data []byte // the bytes, within b.buf
+	// handedOff: Readv gave the range to a session's reply slot, which
+	// releases it once written; Done must not.
+	handedOff bool
+}
+
+// release unpins the block; data must not be used after it.
+func (r *pinnedRange) release() {
+	if r.b != nil {
+		r.c.unpin(r.b)
+	}
+	r.b, r.data = nil, nil
+}
+
+func (r *pinnedRange) Size() int { return len(r.data) }
+
+func (r *pinnedRange) Bytes(buf []byte) ([]byte, fuse.Status) {
+	if len(buf) < len(r.data) {
+		buf = make([]byte, len(r.data))
+	}
+	return buf[:copy(buf, r.data)], fuse.OK
+}
+
+// Readv is how go-fuse's ProtocolServer asks for a READ's bytes: dst is
+// the payload area of the reply buffer. When that buffer is a session
+// reader's with a reply slot, the range is handed to the slot and nothing
+// is copied: the reader writes the header and the data with one writev.
+func (r *pinnedRange) Readv(dst [][]byte) (int, fuse.Status) {
+	if len(dst) == 1 && len(dst[0]) >= len(r.data) && len(r.data) > 0 {
+		if slot := replySlotAt(dst[0]); slot != nil && slot.pending == nil {
+			slot.pending = r
+			r.handedOff = true
+			return len(r.data), fuse.OK
+		}
+	}
+	done := 0
+	for _, d := range dst {
+		done += copy(d, r.data[done:])
+	}
+	return done, fuse.OK
+}
+
+func (r *pinnedRange) Done() {
+	if !r.handedOff {
+		r.release()
+	}
 }
 
 // get returns the block pinned; the caller must unpin it.

@@ -363,7 +363,7 @@ func (fs *FS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.Re
 		return fuse.ReadResultData(nil), fuse.OK
 	}
 	fs.readAhead(h, path, etag, size, off, len(buf))
-	n, err := fs.blocks.read(ctx, path, etag, size, buf, off)
+	res, err := fs.readCached(ctx, path, etag, size, buf, off)
 	if errors.Is(err, blobstore.ErrPreconditionFailed) {
 		// The blob was replaced (by a rename's copy, or another
 		// writer): read what is there now.
@@ -372,14 +372,29 @@ func (fs *FS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.Re
 			fs.mu.Lock()
 			fs.applyEntryLocked(h.n, entryFromAttrs(a))
 			fs.mu.Unlock()
-			n, err = fs.blocks.read(ctx, path, a.ETag, a.Size, buf, off)
+			res, err = fs.readCached(ctx, path, a.ETag, a.Size, buf, off)
 		}
 	}
 	if err != nil {
 		fs.log.Warn("read failed", "path", path, "off", off, "err", err)
 		return nil, toStatus(err)
 	}
-	return fuse.ReadResultData(buf[:n]), fuse.OK
+	return res, fuse.OK
+}
+
+// readCached answers a READ from the block cache. Within one block, the
+// answer is the block itself, pinned until the reply is written
+// (pinnedRange): no copy into buf. Across two, the bytes are copied.
+func (fs *FS) readCached(ctx context.Context, path, etag string, size int64, buf []byte, off int64) (fuse.ReadResult, error) {
+	r, ok, err := fs.blocks.pin(ctx, path, etag, size, off, len(buf))
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		return r, nil
+	}
+	n, err := fs.blocks.read(ctx, path, etag, size, buf, off)
+	return fuse.ReadResultData(buf[:n]), err
 }
 
 // readAhead detects sequential reads on a handle and keeps a window of

@@ -3,7 +3,9 @@ package fusefs
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -350,5 +352,47 @@ func TestReadAheadFetchesInOrder(t *testing.T) {
 	want := []int64{3, 4, 5, 6, 8}
 	if fmt.Sprint(got[3:]) != fmt.Sprint(want) {
 		t.Fatalf("fetches started: %v, want the queue in order after the first three: %v", got, want)
+	}
+}
+
+// READs answered from the block cache are written to the kernel from the
+// cache's blocks (replySlot), whatever their offset and length, including
+// reads across two blocks and the short read at the end; every block is
+// unpinned once the replies are written.
+func TestReadRepliesFromCacheBlocks(t *testing.T) {
+	const block = 1 << 20
+	mem := blobstore.NewMemory()
+	data := pattern(3*block+block/2, 7)
+	putBlob(t, mem, "f", data, nil)
+	mnt, fsys := mountStore(t, mem, Options{ReadBlockSize: block, BlockCacheBytes: 8 * block})
+	before := zeroCopyReplies.Load()
+	f, err := os.Open(join(mnt, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct{ off, n int }{
+		{0, block}, {block - 100, 4096}, {2*block + 5, block}, {len(data) - 1000, 4096}, {0, len(data)},
+	} {
+		p := make([]byte, r.n)
+		n, err := f.ReadAt(p, int64(r.off))
+		want := data[r.off:min(r.off+r.n, len(data))]
+		if n != len(want) || (err != nil && !errors.Is(err, io.EOF)) {
+			t.Fatalf("ReadAt(%d, %d) = %d, %v; want %d bytes", r.off, r.n, n, err, len(want))
+		}
+		if !bytes.Equal(p[:n], want) {
+			t.Fatalf("ReadAt(%d, %d) returned other bytes", r.off, r.n)
+		}
+	}
+	f.Close()
+	if zeroCopyReplies.Load() == before {
+		t.Fatal("no READ was answered from the cache's blocks")
+	}
+	c := fsys.blocks
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, b := range c.blocks {
+		if b.pins != 0 {
+			t.Errorf("block %d still pinned %d times after the reads", k.idx, b.pins)
+		}
 	}
 }

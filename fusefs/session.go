@@ -383,7 +383,7 @@ func (s *Session) handshake() error {
 			}
 		}
 		s.allowDirectIO(kernelOffers(s.initRequest, fuse.CAP_DIRECT_IO_ALLOW_MMAP))
-		return s.reply(in[:n], out)
+		return s.reply(in[:n], out, nil)
 	}
 }
 
@@ -391,9 +391,26 @@ func leUint32(b []byte) uint32 {
 	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
 }
 
-// reply handles one request and writes the answer, if any.
-func (s *Session) reply(req, out []byte) error {
+// reply handles one request and writes the answer, if any. slot, when not
+// nil, is out's reply slot: a READ answered from the block cache leaves its
+// bytes there (pinnedRange.Readv), and they are written from the cache's
+// blocks after the header in out.
+func (s *Session) reply(req, out []byte, slot *replySlot) error {
 	n, st := s.server.HandleRequest([][]byte{req}, [][]byte{out})
+	var iov [][]byte
+	if slot != nil && slot.pending != nil {
+		r := slot.pending
+		slot.pending = nil
+		defer r.release()
+		if hdr := n - len(r.data); st.Ok() && hdr >= 0 {
+			zeroCopyReplies.Add(1)
+			slot.iov = [2][]byte{out[:hdr], r.data}
+			iov = slot.iov[:]
+			defer func() { slot.iov = [2][]byte{} }()
+		} else {
+			st = fuse.EIO
+		}
+	}
 	if !st.Ok() {
 		return fmt.Errorf("handle request: %v", st)
 	}
@@ -401,7 +418,13 @@ func (s *Session) reply(req, out []byte) error {
 		return nil // FORGET and friends have no reply
 	}
 	for {
-		_, err := syscall.Write(s.fd, out[:n])
+		var err error
+		if iov != nil {
+			// One write: /dev/fuse takes a reply whole or not at all.
+			_, err = unix.Writev(s.fd, iov)
+		} else {
+			_, err = syscall.Write(s.fd, out[:n])
+		}
 		switch err {
 		case nil, syscall.ENOENT:
 			// ENOENT: the request was interrupted and is gone.
@@ -434,6 +457,8 @@ func (s *Session) serve() {
 		return
 	}
 	defer w.close()
+	slot := newReplySlot(out)
+	defer slot.close()
 	for {
 		n, err := s.readRequest(w, in)
 		switch err {
@@ -447,13 +472,66 @@ func (s *Session) serve() {
 			s.fail(fmt.Errorf("read /dev/fuse: %w", err))
 			return
 		}
-		if err := s.reply(in[:n], out); err != nil {
+		if err := s.reply(in[:n], out, slot); err != nil {
 			if errors.Is(err, syscall.ENODEV) {
 				return
 			}
 			s.opts.Logger.Warn("fuse reply failed", "err", err)
 		}
 	}
+}
+
+// A replySlot lets a READ's answer skip the copy into a reader's reply
+// buffer: pinnedRange.Readv, given the buffer's payload area by go-fuse's
+// ProtocolServer, finds the reader's slot by that address and leaves the
+// pinned range there; the reader writes the reply with writev from the
+// cache's blocks and releases them. Sequential reads through the block
+// cache copied every byte once more than needed (3.8% of all CPU of a
+// 1 GiB read from Azurite, perf).
+type replySlot struct {
+	key     uintptr
+	pending *pinnedRange // set by Readv, taken by Session.reply
+	iov     [2][]byte    // the writev's header and data
+}
+
+// replySlots maps the payload address of each reader's reply buffer to its
+// slot. A reader handles one request at a time, so a slot has at most one
+// range pending, set and taken on the reader's goroutine.
+var replySlots sync.Map // uintptr -> *replySlot
+
+// zeroCopyReplies counts READ replies written from the block cache's
+// blocks, for tests.
+var zeroCopyReplies atomic.Uint64
+
+// replyPayloadOffset is where a READ reply's data starts in the reply
+// buffer: after the fuse_out_header, READ having no other out struct.
+const replyPayloadOffset = 16
+
+func newReplySlot(out []byte) *replySlot {
+	slot := &replySlot{key: bufBase(out[replyPayloadOffset:])}
+	replySlots.Store(slot.key, slot)
+	return slot
+}
+
+func (slot *replySlot) close() {
+	replySlots.Delete(slot.key)
+	if slot.pending != nil {
+		slot.pending.release()
+		slot.pending = nil
+	}
+}
+
+// replySlotAt returns the reply slot whose payload area starts at p, if
+// any.
+func replySlotAt(p []byte) *replySlot {
+	if len(p) == 0 {
+		return nil
+	}
+	v, ok := replySlots.Load(bufBase(p))
+	if !ok {
+		return nil
+	}
+	return v.(*replySlot)
 }
 
 // errStopped tells a reader that Stop was called.
