@@ -334,8 +334,15 @@ func pathStatus(ctx context.Context, path string) PathStatus {
 	}
 	errc := make(chan error, 1)
 	go func() {
-		var st unix.Stat_t
-		errc <- unix.Stat(path, &st)
+		// statfs, not stat: a FUSE filesystem's statfs always asks
+		// its server, so a dead one answers ENOTCONN, while stat of a
+		// dead mount's root succeeds from attributes the kernel still
+		// holds (until the attribute timeout): a driver restarted
+		// within that second saw the dead staging mount as mounted
+		// and bind-mounted it for a new pod (TestKeeperAndDriverKilled
+		// failed so under load).
+		var st unix.Statfs_t
+		errc <- unix.Statfs(path, &st)
 	}()
 	t := time.NewTimer(statTimeout)
 	defer t.Stop()

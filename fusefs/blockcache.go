@@ -23,8 +23,8 @@ import (
 // holds thousands of them, not capacity/blockSize. A fetch in flight holds
 // its buffer (a new one is allocated by the fetch, off the READ path). When
 // no room is left, demand reads wait for a buffer to be unpinned and
-// read-ahead is skipped. close unmaps the buffers; one still pinned is
-// unmapped when its last pin goes.
+// read-ahead is skipped. close frees the buffers (see freeBlockBuf); one
+// still pinned is freed when its last pin goes.
 //
 // Eviction: an unpinned block that has been read sits in lru. A block
 // fetched by read-ahead and not read yet sits in ahead instead, tagged with
