@@ -18,7 +18,9 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
@@ -214,8 +216,11 @@ func mountCap() *csipb.VolumeCapability {
 func (r *restartRig) stage() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := r.node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{
-		VolumeId: r.volumeID, StagingTargetPath: r.staging, VolumeCapability: mountCap(), Secrets: r.secrets(),
+	err := likeKubelet(ctx, func() error {
+		_, err := r.node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{
+			VolumeId: r.volumeID, StagingTargetPath: r.staging, VolumeCapability: mountCap(), Secrets: r.secrets(),
+		})
+		return err
 	})
 	if err != nil {
 		r.t.Fatalf("NodeStageVolume: %v", err)
@@ -231,10 +236,31 @@ func (r *restartRig) publish(pod string, secrets map[string]string) (string, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := r.node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{
-		VolumeId: r.volumeID, StagingTargetPath: r.staging, TargetPath: target, VolumeCapability: mountCap(), Secrets: secrets,
+	err := likeKubelet(ctx, func() error {
+		_, err := r.node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{
+			VolumeId: r.volumeID, StagingTargetPath: r.staging, TargetPath: target, VolumeCapability: mountCap(), Secrets: secrets,
+		})
+		return err
 	})
 	return target, err
+}
+
+// likeKubelet calls rpc again, as kubelet does, while the driver answers
+// Aborted: another operation on the volume is in progress (the driver's
+// health check of its mounts takes the volume's lock for a moment; under
+// load a publish right after a stage met it).
+func likeKubelet(ctx context.Context, rpc func() error) error {
+	for {
+		err := rpc()
+		if status.Code(err) != codes.Aborted {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // teardown unpublishes and unstages (uploading what is dirty): afterwards
