@@ -300,7 +300,10 @@ func (s *orderStore) order() []int64 {
 // Read-ahead beyond the fetch slots starts in the order it was asked for
 // (a reader needs the nearest blocks first), and a reader that needs a
 // block still queued fetches it at once instead of waiting behind the
-// others.
+// others. One fetch slot: with two, the store can see two dequeued
+// fetches start in either order, and the order checked here would be
+// down to scheduling. (Before the queue, goroutines waiting on the slot
+// started in random order, one slot or many.)
 func TestReadAheadFetchesInOrder(t *testing.T) {
 	const block = 64 << 10
 	ctx := context.Background()
@@ -312,7 +315,7 @@ func TestReadAheadFetchesInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &orderStore{Store: mem, block: block, release: make(chan struct{})}
-	c := newBlockCache(s, block, 12*block, 2)
+	c := newBlockCache(s, block, 12*block, 1)
 	defer c.close()
 	for i := int64(1); i <= 8; i++ {
 		c.prefetch(blockKey{"f", a.ETag, i}, a.Size, 1)
@@ -328,10 +331,10 @@ func TestReadAheadFetchesInOrder(t *testing.T) {
 		t.Fatalf("fetches started: %v, want %d", s.order(), n)
 		return nil
 	}
-	if got := waitFor(2); len(got) != 2 || got[0]+got[1] != 3 {
-		t.Fatalf("first fetches: %v, want blocks 1 and 2 (two slots)", got)
+	if got := waitFor(1); len(got) != 1 || got[0] != 1 {
+		t.Fatalf("first fetches: %v, want block 1 alone (one slot)", got)
 	}
-	// Block 7 is queued behind 3-6: a read of it starts it now.
+	// Block 7 is queued behind 2-6: a read of it starts it now.
 	readDone := make(chan error, 1)
 	go func() {
 		p := make([]byte, block)
@@ -341,17 +344,17 @@ func TestReadAheadFetchesInOrder(t *testing.T) {
 		}
 		readDone <- err
 	}()
-	if got := waitFor(3); got[2] != 7 {
-		t.Fatalf("fetches started: %v, want block 7 third (read on demand)", got)
+	if got := waitFor(2); got[1] != 7 {
+		t.Fatalf("fetches started: %v, want block 7 second (read on demand)", got)
 	}
 	close(s.release)
 	if err := <-readDone; err != nil {
 		t.Fatal(err)
 	}
 	got := waitFor(8)
-	want := []int64{3, 4, 5, 6, 8}
-	if fmt.Sprint(got[3:]) != fmt.Sprint(want) {
-		t.Fatalf("fetches started: %v, want the queue in order after the first three: %v", got, want)
+	want := []int64{2, 3, 4, 5, 6, 8}
+	if fmt.Sprint(got[2:]) != fmt.Sprint(want) {
+		t.Fatalf("fetches started: %v, want the queue in order after the first two: %v", got, want)
 	}
 }
 
