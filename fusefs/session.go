@@ -468,12 +468,19 @@ func (s *Session) serve() {
 			continue
 		case syscall.ENODEV, errStopped:
 			return // unmounted, or handed to another process
+		case syscall.ECONNABORTED:
+			// The connection was aborted: through fusectl, or by the
+			// kernel while an unmount tore it down (seen once on
+			// 6.18 right after a lazy unmount, where ENODEV is the
+			// rule). Either way the mount is over, as with ENODEV.
+			s.opts.Logger.Info("FUSE connection aborted", "mountpoint", s.mountpoint)
+			return
 		default:
 			s.fail(fmt.Errorf("read /dev/fuse: %w", err))
 			return
 		}
 		if err := s.reply(in[:n], out, slot); err != nil {
-			if errors.Is(err, syscall.ENODEV) {
+			if errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.ECONNABORTED) {
 				return
 			}
 			s.opts.Logger.Warn("fuse reply failed", "err", err)
