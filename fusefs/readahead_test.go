@@ -238,8 +238,9 @@ func TestDirectReadLargeFiles(t *testing.T) {
 }
 
 // Read-ahead asked for beyond the fetch slots is queued, not dropped: the
-// slots stay full, never more than their number in flight, and every block
-// asked for arrives without the reader asking again.
+// slots stay full, never more than their number in flight (plus the one
+// block the reader may take over from the queue, TestReadAheadFetchesInOrder),
+// and every block asked for arrives without the reader asking again.
 func TestReadAheadQueuesBeyondFetchSlots(t *testing.T) {
 	ctx := context.Background()
 	mem := blobstore.NewMemory()
@@ -264,8 +265,8 @@ func TestReadAheadQueuesBeyondFetchSlots(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatal("content differs")
 	}
-	if m := cs.maxConcurrent(); m > 2 {
-		t.Errorf("%d fetches in flight at once, want at most the 2 slots", m)
+	if m := cs.maxConcurrent(); m > 3 {
+		t.Errorf("%d fetches in flight at once, want at most the 2 slots and the reader's own", m)
 	}
 	if n := mem.Requests()[blobstore.OpReadAt]; n != 8 {
 		t.Errorf("%d reads from the store, want 8 (each block once)", n)
