@@ -29,6 +29,7 @@ func (fs *FS) listDir(ctx context.Context, dirPath string) ([]string, map[string
 		prefix = dirPath + "/"
 	}
 	gen := fs.lists.generation(dirPath)
+	start := time.Now()
 	entries := map[string]dirEntry{}
 	opts := blobstore.ListOptions{Prefix: prefix, Delimiter: "/"}
 	for {
@@ -43,7 +44,7 @@ func (fs *FS) listDir(ctx context.Context, dirPath string) ([]string, map[string
 		opts.Marker = page.NextMarker
 	}
 	fs.mergeLocal(dirPath, entries)
-	fs.lists.putIfUnchanged(dirPath, copyEntries(entries), gen)
+	fs.lists.putIfUnchanged(dirPath, copyEntries(entries), gen, time.Since(start))
 	names := make([]string, 0, len(entries))
 	for name := range entries {
 		names = append(names, name)
@@ -99,6 +100,7 @@ func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
 		prefix = dirPath + "/"
 	}
 	gen := fs.lists.generation(dirPath)
+	start := time.Now()
 	page, err := fs.store.List(ctx, blobstore.ListOptions{Prefix: prefix, Delimiter: "/", MaxResults: smallDirPage})
 	if err != nil {
 		return false
@@ -112,7 +114,7 @@ func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
 	fs.mergeLocal(dirPath, entries)
 	// A listing that may lack a change this mount made meanwhile is
 	// not cached; the caller then probes the name.
-	return fs.lists.putIfUnchanged(dirPath, entries, gen)
+	return fs.lists.putIfUnchanged(dirPath, entries, gen, time.Since(start))
 }
 
 // refreshListing lists dirPath again in the background (claimRefresh).

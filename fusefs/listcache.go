@@ -52,16 +52,18 @@ func (c *listCache) generation(dir string) uint64 {
 }
 
 // putIfUnchanged stores a listing of dir fetched after generation returned
-// gen, unless this mount changed dir meanwhile.
-func (c *listCache) putIfUnchanged(dir string, entries map[string]dirEntry, gen uint64) bool {
-	c.mu.Lock()
-	changed := c.gens[genBucket(dir)] != gen
-	c.mu.Unlock()
-	if changed {
+// gen, unless this mount changed dir meanwhile. took is how long the fetch
+// took (see refreshGrace).
+func (c *listCache) putIfUnchanged(dir string, entries map[string]dirEntry, gen uint64, took time.Duration) bool {
+	if c.ttl <= 0 {
 		return false
 	}
-	c.put(dir, entries)
-	return true
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gens[genBucket(dir)] != gen {
+		return false
+	}
+	return c.putLocked(dir, entries, took)
 }
 
 const (
@@ -115,8 +117,9 @@ func (c *listCache) secondMiss(dir string) bool {
 
 type listing struct {
 	expiry     time.Time
-	refreshing bool   // a refresh was started (claimRefresh)
-	gen        uint64 // the directory's change counter when stored
+	refreshing bool          // a refresh was started (claimRefresh)
+	took       time.Duration // how long fetching this listing took
+	gen        uint64        // the directory's change counter when stored
 	entries    map[string]dirEntry
 	sorted     []string // entries' names in order; nil until asked for, and after a change
 }
@@ -142,15 +145,20 @@ func (c *listCache) put(dir string, entries map[string]dirEntry) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.putLocked(dir, entries, 0)
+}
+
+func (c *listCache) putLocked(dir string, entries map[string]dirEntry, took time.Duration) bool {
 	c.dropLocked(dir)
 	for c.total+len(entries) > c.maxEntries && len(c.dirs) > 0 {
 		c.evictOldestLocked()
 	}
 	if len(entries) > c.maxEntries {
-		return
+		return false
 	}
-	c.dirs[dir] = &listing{expiry: time.Now().Add(c.ttl), entries: entries, gen: c.gens[genBucket(dir)]}
+	c.dirs[dir] = &listing{expiry: time.Now().Add(c.ttl), entries: entries, gen: c.gens[genBucket(dir)], took: took}
 	c.total += len(entries)
+	return true
 }
 
 // lookup answers whether name is in dir. ok is false when there is no fresh
@@ -164,6 +172,23 @@ func (c *listCache) lookup(dir, name string) (e dirEntry, found, ok bool) {
 	}
 	e, found = l.entries[name]
 	return e, found, true
+}
+
+// holdsStoreNames reports whether dir has a fresh listing with a name that
+// came from the store (not only files created here and not committed).
+func (c *listCache) holdsStoreNames(dir string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.freshLocked(dir)
+	if l == nil {
+		return false
+	}
+	for _, e := range l.entries {
+		if !e.pending {
+			return true
+		}
+	}
+	return false
 }
 
 // snapshot returns a fresh listing of dir in name order, or ok=false.
@@ -187,7 +212,8 @@ func (c *listCache) snapshot(dir string) (names []string, entries map[string]dir
 // quarter of its life with no refresh started yet, and marks it refreshing.
 // A directory in use is listed again in the background before its listing
 // expires (see FS.refreshListing), so that its lookups do not stall on a
-// whole listing once per ListTimeout.
+// whole listing once per ListTimeout. A refresh that takes longer than the
+// quarter left is covered by refreshGrace.
 func (c *listCache) claimRefresh(dir string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -203,6 +229,20 @@ func (c *listCache) claimRefresh(dir string) bool {
 	}
 	l.refreshing = true
 	return true
+}
+
+// refreshGrace is how long past its expiry a listing whose refresh is on
+// its way still answers: twice as long as fetching it took, up to half the
+// timeout. A refresh started a quarter of the timeout before expiry lands
+// after it when listing takes longer than that (on Azurite, listing 1,000
+// names of a busy container took 250-300 ms, against the 250 ms left of
+// the default 1 s); each lapse cost a probe of the next name looked up,
+// and that lookup stalled on it. Refreshing earlier instead lists a
+// directory in use more often, which on such a store is the larger cost.
+// Answers from a listing in its grace are up to that grace older than the
+// timeout alone allows.
+func refreshGrace(ttl, took time.Duration) time.Duration {
+	return min(2*took, ttl/2)
 }
 
 // following returns up to max entries of dir's fresh listing that come
@@ -286,7 +326,7 @@ func (c *listCache) freshLocked(dir string) *listing {
 	if l == nil {
 		return nil
 	}
-	if time.Now().After(l.expiry) {
+	if now := time.Now(); now.After(l.expiry) && !(l.refreshing && now.Before(l.expiry.Add(refreshGrace(c.ttl, l.took)))) {
 		c.dropLocked(dir)
 		return nil
 	}

@@ -37,6 +37,47 @@ func TestListCacheRefreshAhead(t *testing.T) {
 	}
 }
 
+// A listing whose refresh is on its way answers past its expiry, for
+// twice as long as fetching it took (up to half the timeout), so that a
+// refresh slower than the quarter of the timeout it starts ahead does not
+// leave lookups without a listing. One not being refreshed expires on time.
+func TestListCacheGraceWhileRefreshing(t *testing.T) {
+	const ttl = 400 * time.Millisecond
+	for _, tt := range []struct {
+		took, grace time.Duration
+	}{
+		{0, 0},
+		{50 * time.Millisecond, 100 * time.Millisecond},  // twice the fetch
+		{150 * time.Millisecond, 200 * time.Millisecond}, // capped at half
+	} {
+		if got := refreshGrace(ttl, tt.took); got != tt.grace {
+			t.Errorf("refreshGrace(%v, %v) = %v, want %v", ttl, tt.took, got, tt.grace)
+		}
+	}
+	c := newListCache(ttl, 1000)
+	start := time.Now()
+	for _, d := range []string{"refreshed", "idle"} {
+		if !c.putIfUnchanged(d, map[string]dirEntry{"a": {kind: kindFile}}, c.generation(d), 100*time.Millisecond) {
+			t.Fatal("listing not stored")
+		}
+	}
+	time.Sleep(320*time.Millisecond - time.Since(start))
+	if !c.claimRefresh("refreshed") {
+		t.Fatal("a listing near its end was not claimed for refresh")
+	}
+	time.Sleep(450*time.Millisecond - time.Since(start)) // past expiry, within the 200 ms grace
+	if _, found, ok := c.lookup("refreshed", "a"); !ok || !found {
+		t.Fatalf("a listing being refreshed did not answer just past its expiry: found %v ok %v", found, ok)
+	}
+	if _, _, ok := c.lookup("idle", "a"); ok {
+		t.Fatal("a listing not being refreshed answered past its expiry")
+	}
+	time.Sleep(650*time.Millisecond - time.Since(start)) // past the grace: the refresh failed
+	if _, _, ok := c.lookup("refreshed", "a"); ok {
+		t.Fatal("a listing answered past its grace")
+	}
+}
+
 // TestListCacheStaleListingNotCached: a listing fetched while this mount
 // changed its directory may lack the change, and is not cached.
 func TestListCacheStaleListingNotCached(t *testing.T) {
@@ -52,7 +93,7 @@ func TestListCacheStaleListingNotCached(t *testing.T) {
 	} {
 		gen := c.generation("d")
 		change.do()
-		if c.putIfUnchanged("d", map[string]dirEntry{"old": {kind: kindFile}}, gen) {
+		if c.putIfUnchanged("d", map[string]dirEntry{"old": {kind: kindFile}}, gen, 0) {
 			t.Errorf("%s: a listing taken before the change was cached", change.name)
 		}
 		if _, _, ok := c.lookup("d", "old"); ok {
@@ -61,7 +102,7 @@ func TestListCacheStaleListingNotCached(t *testing.T) {
 	}
 	gen := c.generation("d")
 	c.set("elsewhere/x", "y", dirEntry{}) // another directory (unless it shares a bucket)
-	if genBucket("elsewhere/x") != genBucket("d") && !c.putIfUnchanged("d", map[string]dirEntry{}, gen) {
+	if genBucket("elsewhere/x") != genBucket("d") && !c.putIfUnchanged("d", map[string]dirEntry{}, gen, 0) {
 		t.Error("a change elsewhere kept the listing out")
 	}
 }

@@ -469,3 +469,42 @@ func TestOpenByNameInSmallDirectory(t *testing.T) {
 		t.Fatalf("200 small reads cost %d GETs", reads)
 	}
 }
+
+// A directory whose own listing is fresh is known to exist: when its
+// binding expires, looking it up again asks the store nothing. It was
+// probed each time (a Stat and a List) while its files were answered from
+// its listing: a directory read file by file, in a parent nobody lists,
+// cost two requests per ListTimeout.
+func TestLookupOfListedDirectoryAsksNothing(t *testing.T) {
+	mem := blobstore.NewMemory()
+	for i := range 20 {
+		putBlob(t, mem, fmt.Sprintf("d/f%02d", i), []byte(fmt.Sprint(i)), nil)
+	}
+	const short = 50 * time.Millisecond
+	mnt, fsys := mountStore(t, mem, Options{ListTimeout: time.Minute, AttrTimeout: short, EntryTimeout: short, NegativeTimeout: short})
+	dir := join(mnt, "d")
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 20 {
+		t.Fatalf("readdir: %d entries, %v", len(ents), err)
+	}
+	for round := range 3 {
+		time.Sleep(2 * short) // d's binding expires, d's listing does not
+		// As if the root were never listed: its lookups were rarer
+		// than one per ListTimeout (secondMiss).
+		fsys.lists.invalidate("")
+		fsys.lists.mu.Lock()
+		clear(fsys.lists.missed)
+		fsys.lists.mu.Unlock()
+		before := mem.Requests()
+		if got := mustRead(t, join(dir, fmt.Sprintf("f%02d", round))); string(got) != fmt.Sprint(round) {
+			t.Fatalf("f%02d: %q", round, got)
+		}
+		after := mem.Requests()
+		if meta := after[blobstore.OpStat] + after[blobstore.OpList] - before[blobstore.OpStat] - before[blobstore.OpList]; meta != 0 {
+			t.Fatalf("round %d: reading a file of a listed directory cost %d stat/list requests: %v -> %v", round, meta, before, after)
+		}
+	}
+	// A name with no listing of its own is still probed.
+	if _, err := os.Stat(join(mnt, "nothere")); !os.IsNotExist(err) {
+		t.Fatalf("stat of a name not in the store: %v", err)
+	}
+}
