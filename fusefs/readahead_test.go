@@ -97,13 +97,7 @@ func TestReadAheadFullWindowOnFirstRead(t *testing.T) {
 func TestBlockCacheKeepsUnreadReadAhead(t *testing.T) {
 	const block = 64 << 10
 	ctx := context.Background()
-	mem := blobstore.NewMemory()
-	data := pattern(16*block, 3)
-	putBlob(t, mem, "f", data, nil)
-	a, err := mem.Stat(ctx, "f")
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem, data, a := storedBlob(t, 16*block, 3)
 	c := newBlockCache(mem, block, 4*block, 4)
 	key := func(i int64) blockKey { return blockKey{"f", a.ETag, i} }
 	settle := func() {
@@ -243,14 +237,8 @@ func TestDirectReadLargeFiles(t *testing.T) {
 // and every block asked for arrives without the reader asking again.
 func TestReadAheadQueuesBeyondFetchSlots(t *testing.T) {
 	ctx := context.Background()
-	mem := blobstore.NewMemory()
 	const bs = 64 << 10
-	data := pattern(8*bs, 3)
-	putBlob(t, mem, "f", data, nil)
-	a, err := mem.Stat(ctx, "f")
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem, data, a := storedBlob(t, 8*bs, 3)
 	cs := &concurrencyStore{Store: mem, delay: 20 * time.Millisecond}
 	c := newBlockCache(cs, bs, 16*bs, 2)
 	for i := range int64(8) {
@@ -308,13 +296,7 @@ func (s *orderStore) order() []int64 {
 func TestReadAheadFetchesInOrder(t *testing.T) {
 	const block = 64 << 10
 	ctx := context.Background()
-	mem := blobstore.NewMemory()
-	data := pattern(12*block, 4)
-	putBlob(t, mem, "f", data, nil)
-	a, err := mem.Stat(ctx, "f")
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem, data, a := storedBlob(t, 12*block, 4)
 	s := &orderStore{Store: mem, block: block, release: make(chan struct{})}
 	c := newBlockCache(s, block, 12*block, 1)
 	defer c.close()
@@ -399,4 +381,18 @@ func TestReadRepliesFromCacheBlocks(t *testing.T) {
 			t.Errorf("block %d still pinned %d times after the reads", k.idx, b.pins)
 		}
 	}
+}
+
+// storedBlob puts a blob "f" of size patterned bytes in a fresh in-memory
+// store and returns the store, the bytes and the blob's attributes.
+func storedBlob(t *testing.T, size int, seed byte) (*blobstore.Memory, []byte, blobstore.Attrs) {
+	t.Helper()
+	mem := blobstore.NewMemory()
+	data := pattern(size, seed)
+	putBlob(t, mem, "f", data, nil)
+	a, err := mem.Stat(context.Background(), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mem, data, a
 }
