@@ -28,8 +28,7 @@ func (fs *FS) listDir(ctx context.Context, dirPath string) ([]string, map[string
 	if dirPath != "" {
 		prefix = dirPath + "/"
 	}
-	gen := fs.lists.generation(dirPath)
-	start := time.Now()
+	fetch := fs.lists.beginFetch(dirPath)
 	entries := map[string]dirEntry{}
 	opts := blobstore.ListOptions{Prefix: prefix, Delimiter: "/"}
 	for {
@@ -44,7 +43,7 @@ func (fs *FS) listDir(ctx context.Context, dirPath string) ([]string, map[string
 		opts.Marker = page.NextMarker
 	}
 	fs.mergeLocal(dirPath, entries)
-	fs.lists.putIfUnchanged(dirPath, copyEntries(entries), gen, time.Since(start))
+	fs.lists.putIfUnchanged(dirPath, copyEntries(entries), fetch)
 	names := make([]string, 0, len(entries))
 	for name := range entries {
 		names = append(names, name)
@@ -99,8 +98,7 @@ func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
 	if dirPath != "" {
 		prefix = dirPath + "/"
 	}
-	gen := fs.lists.generation(dirPath)
-	start := time.Now()
+	fetch := fs.lists.beginFetch(dirPath)
 	page, err := fs.store.List(ctx, blobstore.ListOptions{Prefix: prefix, Delimiter: "/", MaxResults: smallDirPage})
 	if err != nil {
 		return false
@@ -114,7 +112,7 @@ func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
 	fs.mergeLocal(dirPath, entries)
 	// A listing that may lack a change this mount made meanwhile is
 	// not cached; the caller then probes the name.
-	return fs.lists.putIfUnchanged(dirPath, entries, gen, time.Since(start))
+	return fs.lists.putIfUnchanged(dirPath, entries, fetch)
 }
 
 // refreshListing lists dirPath again in the background (claimRefresh).

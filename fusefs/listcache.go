@@ -32,7 +32,7 @@ type listCache struct {
 	// gens counts this mount's changes to directories, by a hash of the
 	// directory's path; guarded by mu. A listing fetched while one of its
 	// directory's counters moved may lack the change, and is not cached
-	// (putIfUnchanged).
+	// (beginFetch, putIfUnchanged).
 	gens [64]uint64
 }
 
@@ -44,26 +44,30 @@ func genBucket(dir string) int {
 	return int(h % 64)
 }
 
-// generation returns dir's change counter, to pass to putIfUnchanged.
-func (c *listCache) generation(dir string) uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.gens[genBucket(dir)]
+// A listFetch is taken before a listing of a directory is fetched and
+// handed back with it to putIfUnchanged: the directory's change counter
+// then, and when the fetch began (see refreshGrace).
+type listFetch struct {
+	gen   uint64
+	start time.Time
 }
 
-// putIfUnchanged stores a listing of dir fetched after generation returned
-// gen, unless this mount changed dir meanwhile. took is how long the fetch
-// took (see refreshGrace).
-func (c *listCache) putIfUnchanged(dir string, entries map[string]dirEntry, gen uint64, took time.Duration) bool {
-	if c.ttl <= 0 {
-		return false
-	}
+// beginFetch returns the listFetch for a listing of dir about to be fetched.
+func (c *listCache) beginFetch(dir string) listFetch {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.gens[genBucket(dir)] != gen {
+	return listFetch{gen: c.gens[genBucket(dir)], start: time.Now()}
+}
+
+// putIfUnchanged stores a listing of dir fetched since beginFetch returned
+// f, unless this mount changed dir meanwhile.
+func (c *listCache) putIfUnchanged(dir string, entries map[string]dirEntry, f listFetch) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gens[genBucket(dir)] != f.gen {
 		return false
 	}
-	return c.putLocked(dir, entries, took)
+	return c.putLocked(dir, entries, time.Since(f.start))
 }
 
 const (
@@ -140,15 +144,17 @@ func newListCache(ttl time.Duration, maxEntries int) *listCache {
 
 // put stores a complete listing of dir.
 func (c *listCache) put(dir string, entries map[string]dirEntry) {
-	if c.ttl <= 0 {
-		return
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.putLocked(dir, entries, 0)
 }
 
+// putLocked stores a listing that took took to fetch, and reports whether
+// it was kept.
 func (c *listCache) putLocked(dir string, entries map[string]dirEntry, took time.Duration) bool {
+	if c.ttl <= 0 {
+		return false
+	}
 	c.dropLocked(dir)
 	for c.total+len(entries) > c.maxEntries && len(c.dirs) > 0 {
 		c.evictOldestLocked()

@@ -57,7 +57,9 @@ func TestListCacheGraceWhileRefreshing(t *testing.T) {
 	c := newListCache(ttl, 1000)
 	start := time.Now()
 	for _, d := range []string{"refreshed", "idle"} {
-		if !c.putIfUnchanged(d, map[string]dirEntry{"a": {kind: kindFile}}, c.generation(d), 100*time.Millisecond) {
+		fetch := c.beginFetch(d)
+		fetch.start = fetch.start.Add(-100 * time.Millisecond) // a fetch of 100 ms
+		if !c.putIfUnchanged(d, map[string]dirEntry{"a": {kind: kindFile}}, fetch) {
 			t.Fatal("listing not stored")
 		}
 	}
@@ -91,18 +93,18 @@ func TestListCacheStaleListingNotCached(t *testing.T) {
 		{"rename of a parent", func() { c.invalidateTree("") }},
 		{"invalidate", func() { c.invalidate("d") }},
 	} {
-		gen := c.generation("d")
+		fetch := c.beginFetch("d")
 		change.do()
-		if c.putIfUnchanged("d", map[string]dirEntry{"old": {kind: kindFile}}, gen, 0) {
+		if c.putIfUnchanged("d", map[string]dirEntry{"old": {kind: kindFile}}, fetch) {
 			t.Errorf("%s: a listing taken before the change was cached", change.name)
 		}
 		if _, _, ok := c.lookup("d", "old"); ok {
 			t.Errorf("%s: the stale listing answers lookups", change.name)
 		}
 	}
-	gen := c.generation("d")
+	fetch := c.beginFetch("d")
 	c.set("elsewhere/x", "y", dirEntry{}) // another directory (unless it shares a bucket)
-	if genBucket("elsewhere/x") != genBucket("d") && !c.putIfUnchanged("d", map[string]dirEntry{}, gen, 0) {
+	if genBucket("elsewhere/x") != genBucket("d") && !c.putIfUnchanged("d", map[string]dirEntry{}, fetch) {
 		t.Error("a change elsewhere kept the listing out")
 	}
 }

@@ -461,8 +461,7 @@ func TestOpenByNameInSmallDirectory(t *testing.T) {
 		}
 	}
 	after := mem.Requests()
-	meta := after[blobstore.OpStat] + after[blobstore.OpList] - before[blobstore.OpStat] - before[blobstore.OpList]
-	if meta > 5 {
+	if meta := metadataRequests(before, after); meta > 5 {
 		t.Fatalf("200 opens by name cost %d stat/list requests: %v -> %v", meta, before, after)
 	}
 	if reads := after[blobstore.OpReadAt] - before[blobstore.OpReadAt]; reads != 200 {
@@ -499,7 +498,7 @@ func TestLookupOfListedDirectoryAsksNothing(t *testing.T) {
 			t.Fatalf("f%02d: %q", round, got)
 		}
 		after := mem.Requests()
-		if meta := after[blobstore.OpStat] + after[blobstore.OpList] - before[blobstore.OpStat] - before[blobstore.OpList]; meta != 0 {
+		if meta := metadataRequests(before, after); meta != 0 {
 			t.Fatalf("round %d: reading a file of a listed directory cost %d stat/list requests: %v -> %v", round, meta, before, after)
 		}
 	}
@@ -507,4 +506,10 @@ func TestLookupOfListedDirectoryAsksNothing(t *testing.T) {
 	if _, err := os.Stat(join(mnt, "nothere")); !os.IsNotExist(err) {
 		t.Fatalf("stat of a name not in the store: %v", err)
 	}
+}
+
+// metadataRequests counts the Stat and List requests between two
+// snapshots of Memory.Requests.
+func metadataRequests(before, after map[blobstore.Op]int64) int64 {
+	return after[blobstore.OpStat] + after[blobstore.OpList] - before[blobstore.OpStat] - before[blobstore.OpList]
 }
