@@ -34,6 +34,7 @@ func (fs *FS) listDir(ctx context.Context, dirPath string) ([]string, map[string
 	for {
 		page, err := fs.store.List(ctx, opts)
 		if err != nil {
+			fs.lists.endFetch(fetch)
 			return nil, nil, err
 		}
 		addPage(entries, prefix, page)
@@ -43,7 +44,7 @@ func (fs *FS) listDir(ctx context.Context, dirPath string) ([]string, map[string
 		opts.Marker = page.NextMarker
 	}
 	fs.mergeLocal(dirPath, entries)
-	fs.lists.putIfUnchanged(dirPath, copyEntries(entries), fetch)
+	fs.lists.putFetched(entries, fetch)
 	names := make([]string, 0, len(entries))
 	for name := range entries {
 		names = append(names, name)
@@ -101,18 +102,21 @@ func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
 	fetch := fs.lists.beginFetch(dirPath)
 	page, err := fs.store.List(ctx, blobstore.ListOptions{Prefix: prefix, Delimiter: "/", MaxResults: smallDirPage})
 	if err != nil {
+		fs.lists.endFetch(fetch)
 		return false
 	}
 	if page.NextMarker != "" {
+		fs.lists.endFetch(fetch)
 		fs.lists.markLarge(dirPath)
 		return false
 	}
 	entries := map[string]dirEntry{}
 	addPage(entries, prefix, page)
 	fs.mergeLocal(dirPath, entries)
-	// A listing that may lack a change this mount made meanwhile is
-	// not cached; the caller then probes the name.
-	return fs.lists.putIfUnchanged(dirPath, entries, fetch)
+	// A listing that lacks a change this mount made meanwhile, which
+	// could not be replayed onto it, is not cached; the caller then
+	// probes the name.
+	return fs.lists.putFetched(entries, fetch)
 }
 
 // refreshListing lists dirPath again in the background (claimRefresh).

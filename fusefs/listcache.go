@@ -29,45 +29,113 @@ type listCache struct {
 	// missed remembers, for ttl, directories a lookup could not answer
 	// from a listing (secondMiss); guarded by mu and bounded by maxLarge.
 	missed map[string]time.Time
-	// gens counts this mount's changes to directories, by a hash of the
-	// directory's path; guarded by mu. A listing fetched while one of its
-	// directory's counters moved may lack the change, and is not cached
-	// (beginFetch, putIfUnchanged).
-	gens [64]uint64
-}
-
-func genBucket(dir string) int {
-	h := uint32(2166136261) // FNV-1a
-	for i := 0; i < len(dir); i++ {
-		h = (h ^ uint32(dir[i])) * 16777619
-	}
-	return int(h % 64)
+	// fetching holds, by directory, the listings of it on their way from
+	// the store; guarded by mu. This mount's changes to a directory made
+	// meanwhile are recorded in each, and replayed onto the listing when
+	// it arrives (putFetched): its pages may have been read before or
+	// after any of them.
+	fetching map[string][]*listFetch
 }
 
 // A listFetch is taken before a listing of a directory is fetched and
-// handed back with it to putIfUnchanged: the directory's change counter
-// then, and when the fetch began (see refreshGrace).
+// handed back with it to putFetched, or to endFetch when no listing came.
 type listFetch struct {
-	gen   uint64
-	start time.Time
+	dir   string
+	start time.Time // when the fetch began (see refreshGrace)
+	// changes are this mount's changes to dir since start, in order;
+	// guarded by listCache.mu.
+	changes []listChange
+	// spoiled: a change that cannot be replayed onto a listing (a
+	// directory renamed or removed below it), or more changes than
+	// maxFetchChanges. The listing is then not cached.
+	spoiled bool
 }
 
-// beginFetch returns the listFetch for a listing of dir about to be fetched.
-func (c *listCache) beginFetch(dir string) listFetch {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return listFetch{gen: c.gens[genBucket(dir)], start: time.Now()}
+// listChange is one change to a name: set to e, or removed.
+type listChange struct {
+	name    string
+	e       dirEntry
+	removed bool
 }
 
-// putIfUnchanged stores a listing of dir fetched since beginFetch returned
-// f, unless this mount changed dir meanwhile.
-func (c *listCache) putIfUnchanged(dir string, entries map[string]dirEntry, f listFetch) bool {
+// maxFetchChanges bounds the changes recorded for one listing in flight.
+const maxFetchChanges = 100_000
+
+// beginFetch registers a listing of dir about to be fetched.
+func (c *listCache) beginFetch(dir string) *listFetch {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.gens[genBucket(dir)] != f.gen {
+	f := &listFetch{dir: dir, start: time.Now()}
+	c.fetching[dir] = append(c.fetching[dir], f)
+	return f
+}
+
+// endFetch unregisters f; no listing is stored.
+func (c *listCache) endFetch(f *listFetch) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.endFetchLocked(f)
+}
+
+func (c *listCache) endFetchLocked(f *listFetch) {
+	fs := c.fetching[f.dir]
+	for i, g := range fs {
+		if g == f {
+			fs = append(fs[:i], fs[i+1:]...)
+			break
+		}
+	}
+	if len(fs) == 0 {
+		delete(c.fetching, f.dir)
+	} else {
+		c.fetching[f.dir] = fs
+	}
+}
+
+// putFetched replays onto entries, a listing of f.dir fetched since
+// beginFetch returned f, this mount's changes to the directory since then,
+// and stores a copy of the result. It reports whether the copy was kept:
+// not when a change could not be replayed (entries then lack it).
+func (c *listCache) putFetched(entries map[string]dirEntry, f *listFetch) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.endFetchLocked(f)
+	if f.spoiled {
 		return false
 	}
-	return c.putLocked(dir, entries, time.Since(f.start))
+	for _, ch := range f.changes {
+		if ch.removed {
+			delete(entries, ch.name)
+		} else {
+			entries[ch.name] = ch.e
+		}
+	}
+	return c.putLocked(f.dir, copyEntries(entries), time.Since(f.start))
+}
+
+// recordLocked adds a change of name in dir to the listings of dir in
+// flight.
+func (c *listCache) recordLocked(dir string, ch listChange) {
+	for _, f := range c.fetching[dir] {
+		if len(f.changes) >= maxFetchChanges {
+			f.spoiled, f.changes = true, nil
+		}
+		if !f.spoiled {
+			f.changes = append(f.changes, ch)
+		}
+	}
+}
+
+// spoilLocked marks the listings in flight of dir, and with tree of every
+// directory below it, as not to be cached.
+func (c *listCache) spoilLocked(dir string, tree bool) {
+	for d, fs := range c.fetching {
+		if d == dir || tree && (dir == "" || strings.HasPrefix(d, dir+"/")) {
+			for _, f := range fs {
+				f.spoiled, f.changes = true, nil
+			}
+		}
+	}
 }
 
 const (
@@ -123,7 +191,6 @@ type listing struct {
 	expiry     time.Time
 	refreshing bool          // a refresh was started (claimRefresh)
 	took       time.Duration // how long fetching this listing took
-	gen        uint64        // the directory's change counter when stored
 	entries    map[string]dirEntry
 	sorted     []string // entries' names in order; nil until asked for, and after a change
 }
@@ -139,7 +206,8 @@ type dirEntry struct {
 }
 
 func newListCache(ttl time.Duration, maxEntries int) *listCache {
-	return &listCache{ttl: ttl, maxEntries: maxEntries, dirs: map[string]*listing{}, large: map[string]time.Time{}, missed: map[string]time.Time{}}
+	return &listCache{ttl: ttl, maxEntries: maxEntries, dirs: map[string]*listing{}, large: map[string]time.Time{}, missed: map[string]time.Time{},
+		fetching: map[string][]*listFetch{}}
 }
 
 // put stores a complete listing of dir.
@@ -162,7 +230,7 @@ func (c *listCache) putLocked(dir string, entries map[string]dirEntry, took time
 	if len(entries) > c.maxEntries {
 		return false
 	}
-	c.dirs[dir] = &listing{expiry: time.Now().Add(c.ttl), entries: entries, gen: c.gens[genBucket(dir)], took: took}
+	c.dirs[dir] = &listing{expiry: time.Now().Add(c.ttl), entries: entries, took: took}
 	c.total += len(entries)
 	return true
 }
@@ -227,12 +295,6 @@ func (c *listCache) claimRefresh(dir string) bool {
 	if l == nil || l.refreshing || time.Until(l.expiry) > c.ttl/4 {
 		return false
 	}
-	if c.gens[genBucket(dir)] != l.gen {
-		// This mount is changing the directory (a file at a time,
-		// say): a listing fetched meanwhile would not be cached, and
-		// would only load the store.
-		return false
-	}
 	l.refreshing = true
 	return true
 }
@@ -282,7 +344,7 @@ func (c *listCache) following(dir, name string, max int) []dirItem {
 func (c *listCache) set(dir, name string, e dirEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.gens[genBucket(dir)]++
+	c.recordLocked(dir, listChange{name: name, e: e})
 	if l := c.dirs[dir]; l != nil {
 		if _, had := l.entries[name]; !had {
 			c.total++
@@ -296,7 +358,7 @@ func (c *listCache) set(dir, name string, e dirEntry) {
 func (c *listCache) remove(dir, name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.gens[genBucket(dir)]++
+	c.recordLocked(dir, listChange{name: name, removed: true})
 	if l := c.dirs[dir]; l != nil {
 		if _, had := l.entries[name]; had {
 			delete(l.entries, name)
@@ -310,9 +372,7 @@ func (c *listCache) remove(dir, name string) {
 func (c *listCache) invalidateTree(dir string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i := range c.gens {
-		c.gens[i]++ // the directories below dir hash anywhere
-	}
+	c.spoilLocked(dir, true)
 	for d := range c.dirs {
 		if d == dir || dir == "" || strings.HasPrefix(d, dir+"/") {
 			c.dropLocked(d)
@@ -323,7 +383,7 @@ func (c *listCache) invalidateTree(dir string) {
 func (c *listCache) invalidate(dir string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.gens[genBucket(dir)]++
+	c.spoilLocked(dir, false)
 	c.dropLocked(dir)
 }
 

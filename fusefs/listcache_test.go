@@ -27,13 +27,13 @@ func TestListCacheRefreshAhead(t *testing.T) {
 	if c.claimRefresh("other") {
 		t.Fatal("a directory with no listing was claimed")
 	}
-	// A directory this mount is changing is not refreshed: a listing
-	// fetched meanwhile would not be cached.
+	// A directory this mount is changing is refreshed too: its changes
+	// are replayed onto the listing fetched meanwhile.
 	c.put("w", map[string]dirEntry{})
 	c.set("w", "new", dirEntry{kind: kindFile})
 	time.Sleep(170 * time.Millisecond)
-	if c.claimRefresh("w") {
-		t.Fatal("a directory being changed here was claimed for refresh")
+	if !c.claimRefresh("w") {
+		t.Fatal("a directory being changed here was not claimed for refresh")
 	}
 }
 
@@ -59,7 +59,7 @@ func TestListCacheGraceWhileRefreshing(t *testing.T) {
 	for _, d := range []string{"refreshed", "idle"} {
 		fetch := c.beginFetch(d)
 		fetch.start = fetch.start.Add(-100 * time.Millisecond) // a fetch of 100 ms
-		if !c.putIfUnchanged(d, map[string]dirEntry{"a": {kind: kindFile}}, fetch) {
+		if !c.putFetched(map[string]dirEntry{"a": {kind: kindFile}}, fetch) {
 			t.Fatal("listing not stored")
 		}
 	}
@@ -80,32 +80,67 @@ func TestListCacheGraceWhileRefreshing(t *testing.T) {
 	}
 }
 
-// TestListCacheStaleListingNotCached: a listing fetched while this mount
-// changed its directory may lack the change, and is not cached.
-func TestListCacheStaleListingNotCached(t *testing.T) {
+// TestListCacheChangesDuringFetch: this mount's changes to a directory
+// made while a listing of it was on its way are replayed onto that listing,
+// whether the store's pages saw them or not; a change that cannot be
+// replayed (a directory renamed or removed above, an invalidation) keeps
+// the listing out of the cache.
+func TestListCacheChangesDuringFetch(t *testing.T) {
 	c := newListCache(time.Minute, 1000)
+	fetch := c.beginFetch("d")
+	c.set("d", "new", dirEntry{kind: kindFile, size: 7})
+	c.remove("d", "gone")
+	c.set("d", "again", dirEntry{kind: kindFile})
+	c.remove("d", "again")
+	c.set("elsewhere", "x", dirEntry{kind: kindFile})
+	// The store's listing saw "gone" but not "new"; "old" is another
+	// writer's, and "again" was created and removed meanwhile.
+	fetched := map[string]dirEntry{"old": {kind: kindFile}, "gone": {kind: kindFile}, "again": {kind: kindFile}}
+	if !c.putFetched(fetched, fetch) {
+		t.Fatal("a listing fetched while this mount changed its directory was not cached")
+	}
+	names, entries, ok := c.snapshot("d")
+	if !ok || len(names) != 2 || names[0] != "new" || names[1] != "old" || entries["new"].size != 7 {
+		t.Fatalf("listing after replay = %v %v (ok %v), want [new old] with new of 7 bytes", names, entries, ok)
+	}
+	if _, found, ok := c.lookup("elsewhere", "x"); ok || found {
+		t.Fatal("a change to another directory landed in a listing")
+	}
+	// Changes after the listing was stored go to it directly, not to a
+	// fetch that has ended.
+	c.set("d", "later", dirEntry{kind: kindFile})
+	if _, found, _ := c.lookup("d", "later"); !found {
+		t.Fatal("a change after the fetch is missing")
+	}
+	if n := len(c.fetching); n != 0 {
+		t.Fatalf("%d directories still have fetches registered", n)
+	}
+
 	for _, change := range []struct {
 		name string
 		do   func()
 	}{
-		{"create", func() { c.set("d", "new", dirEntry{kind: kindFile}) }},
-		{"unlink", func() { c.remove("d", "old") }},
 		{"rename of a parent", func() { c.invalidateTree("") }},
-		{"invalidate", func() { c.invalidate("d") }},
+		{"rename of the directory's parent", func() { c.invalidateTree("p") }},
+		{"invalidate", func() { c.invalidate("p/d") }},
 	} {
-		fetch := c.beginFetch("d")
+		fetch := c.beginFetch("p/d")
 		change.do()
-		if c.putIfUnchanged("d", map[string]dirEntry{"old": {kind: kindFile}}, fetch) {
+		if c.putFetched(map[string]dirEntry{"old": {kind: kindFile}}, fetch) {
 			t.Errorf("%s: a listing taken before the change was cached", change.name)
 		}
-		if _, _, ok := c.lookup("d", "old"); ok {
+		if _, _, ok := c.lookup("p/d", "old"); ok {
 			t.Errorf("%s: the stale listing answers lookups", change.name)
 		}
 	}
-	fetch := c.beginFetch("d")
-	c.set("elsewhere/x", "y", dirEntry{}) // another directory (unless it shares a bucket)
-	if genBucket("elsewhere/x") != genBucket("d") && !c.putIfUnchanged("d", map[string]dirEntry{}, fetch) {
-		t.Error("a change elsewhere kept the listing out")
+	fetch = c.beginFetch("p/d")
+	c.invalidateTree("p/dd") // a sibling whose name starts the same
+	if !c.putFetched(map[string]dirEntry{}, fetch) {
+		t.Error("a change to a sibling kept the listing out")
+	}
+	c.endFetch(c.beginFetch("p/d")) // a fetch that brought no listing
+	if n := len(c.fetching); n != 0 {
+		t.Fatalf("endFetch left %d directories with fetches registered", n)
 	}
 }
 
