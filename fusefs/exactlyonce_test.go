@@ -172,12 +172,19 @@ func crashAndRestart(t *testing.T, h *restartHarness, where string, do func() er
 }
 
 // waitNoSpillFiles waits until every spill file is gone: the handles are
-// released and none was left behind by a request answered twice.
+// released and none was left behind by a request answered twice. Emptied
+// files kept for reuse (spillpool.go) may stay; they must be empty.
 func waitNoSpillFiles(t *testing.T, cacheDir string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		left, _ := filepath.Glob(filepath.Join(cacheDir, "spill", "*"))
+		left, _ := filepath.Glob(filepath.Join(cacheDir, "spill", spillPrefix+"*"))
+		pooled, _ := filepath.Glob(filepath.Join(cacheDir, "spill", pooledPrefix+"*"))
+		for _, p := range pooled {
+			if st, err := os.Stat(p); err == nil && st.Size() != 0 {
+				t.Fatalf("pooled spill file %s holds %d bytes, want none", p, st.Size())
+			}
+		}
 		if len(left) == 0 {
 			return
 		}

@@ -32,6 +32,7 @@ type FS struct {
 	opts     Options
 	log      *slog.Logger
 	spillDir string
+	spills   spillPool // emptied spill files, reused (spillpool.go)
 	blocks   *blockCache
 	lists    *listCache
 	// prefetcher fetches the next small files of a directory read file
@@ -91,6 +92,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		opts:          opts,
 		log:           opts.Logger,
 		spillDir:      spillDir,
+		spills:        newSpillPool(spillDir),
 		blocks:        newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes, opts.MaxReadAheadBlocks),
 		lists:         newListCache(opts.ListTimeout, 1_000_000),
 		uploadSlots:   make(chan struct{}, 2*opts.UploadConcurrency),
@@ -598,4 +600,5 @@ func (fs *FS) Close() {
 	fs.cancel()
 	fs.bg.Wait()
 	fs.blocks.close()
+	fs.spills.close()
 }

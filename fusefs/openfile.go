@@ -101,7 +101,7 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 	if of.spill != nil {
 		return nil
 	}
-	f, err := os.CreateTemp(of.fs.spillDir, "spill-")
+	f, err := of.fs.spills.get()
 	if err != nil {
 		return fmt.Errorf("create spill file: %w", err)
 	}
@@ -109,8 +109,7 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 	if load {
 		path, etag, size, inStore, ok := of.fs.fileState(of.n)
 		if !ok {
-			f.Close()
-			os.Remove(f.Name())
+			of.fs.spills.put(f)
 			return errStale
 		}
 		if inStore {
@@ -121,8 +120,7 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 				err = of.fs.download(ctx, path, etag, size, f)
 			}
 			if err != nil {
-				f.Close()
-				os.Remove(f.Name())
+				of.fs.spills.put(f)
 				return err
 			}
 			of.baseETag = etag
@@ -383,10 +381,10 @@ func (of *openFile) upload(ctx context.Context, path string, f *os.File, size in
 	})
 }
 
-// close removes the spill file; the caller made sure nothing is dirty or
-// gave up on it. The removal is journaled first, so that a process adopting
-// the mount never looks for a spill file that is legitimately gone, and
-// removes it if this one dies before it does.
+// close lets go of the spill file (back to the pool, emptied); the caller
+// made sure nothing is dirty or gave up on it. The removal is journaled
+// first, so that a process adopting the mount never looks for a spill file
+// that is legitimately gone, and removes it if this one dies.
 func (of *openFile) close() {
 	of.mu.Lock()
 	defer of.mu.Unlock()
@@ -396,8 +394,7 @@ func (of *openFile) close() {
 	}
 	if of.spill != nil {
 		of.fs.journalSpillRemoval(of.n, of.spillPath)
-		of.spill.Close()
-		os.Remove(of.spillPath)
+		of.fs.spills.put(of.spill)
 		of.spill = nil
 		of.hasSpill.Store(false)
 	}
