@@ -513,3 +513,52 @@ func TestLookupOfListedDirectoryAsksNothing(t *testing.T) {
 func metadataRequests(before, after map[blobstore.Op]int64) int64 {
 	return after[blobstore.OpStat] + after[blobstore.OpList] - before[blobstore.OpStat] - before[blobstore.OpList]
 }
+
+// TestProbeOfDirectoryListsIt: looking up a directory not listed in its
+// parent fetches, in the probe's own listing request, the directory whole
+// when it fits a page, so that `ls -l` of it and the lookups of its names
+// cost no further request. A directory larger than a page is remembered,
+// and its next probe asks for one name only.
+func TestProbeOfDirectoryListsIt(t *testing.T) {
+	mem := blobstore.NewMemory()
+	for i := range 50 {
+		putBlob(t, mem, fmt.Sprintf("small/f%02d", i), []byte(fmt.Sprint(i)), nil)
+	}
+	for i := range smallDirPage + 1 {
+		putBlob(t, mem, fmt.Sprintf("big/f%05d", i), nil, nil)
+	}
+	mnt, fsys := mountStore(t, mem, Options{ListTimeout: time.Minute})
+
+	before := mem.Requests()
+	ents, err := os.ReadDir(join(mnt, "small"))
+	if err != nil || len(ents) != 50 {
+		t.Fatalf("readdir small: %d entries, %v", len(ents), err)
+	}
+	for _, e := range ents {
+		if fi, err := os.Lstat(join(mnt, "small", e.Name())); err != nil || !fi.Mode().IsRegular() {
+			t.Fatalf("lstat %s: %v", e.Name(), err)
+		}
+	}
+	if _, err := os.Stat(join(mnt, "small", "nothere")); !os.IsNotExist(err) {
+		t.Fatalf("stat of a name not in small: %v, want ENOENT", err)
+	}
+	after := mem.Requests()
+	// The probe of "small": one Stat and one List; nothing after it.
+	if meta := metadataRequests(before, after); meta != 2 {
+		t.Fatalf("ls -l of a directory of 50 names cost %d stat/list requests, want the probe's 2: %v -> %v", meta, before, after)
+	}
+
+	// As if this were the first lookup in the root (secondMiss).
+	fsys.lists.mu.Lock()
+	clear(fsys.lists.missed)
+	fsys.lists.mu.Unlock()
+	if _, err := os.Stat(join(mnt, "big")); err != nil {
+		t.Fatalf("stat big: %v", err)
+	}
+	if !fsys.lists.isLarge("big") {
+		t.Fatal("a directory larger than a page was not remembered as large")
+	}
+	if _, _, ok := fsys.lists.lookup("big", "f00000"); ok {
+		t.Fatal("the first page of a large directory was cached as its whole listing")
+	}
+}
