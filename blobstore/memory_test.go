@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"io"
 	"maps"
 	"strings"
 	"testing"
@@ -159,6 +160,44 @@ func TestMemoryETagsNeverRepeat(t *testing.T) {
 		seen[a.ETag] = true
 		if err := m.Delete(ctx, "f", blobstore.Conditions{}); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestMemoryReadsAcrossCommittedBlocks: a blob committed from blocks (kept
+// as its blocks, not copied into one slice) reads back whole and in any
+// range, across block boundaries, a block listed twice, and its end; a
+// staged block changed by its caller afterwards changes nothing.
+func TestMemoryReadsAcrossCommittedBlocks(t *testing.T) {
+	m := blobstore.NewMemory()
+	ctx := t.Context()
+	id := func(i int) string { return base64.StdEncoding.EncodeToString([]byte{byte(i), 0, 0, 0}) }
+	parts := [][]byte{[]byte("abc"), []byte("defgh"), {}, []byte("ij")}
+	for i, p := range parts {
+		if err := m.StageBlock(ctx, "b", id(i), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	parts[0][0] = 'X' // the store holds its own copy
+	a, err := m.CommitBlocks(ctx, "b", []string{id(0), id(1), id(2), id(3), id(1)}, blobstore.PutOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "abcdefghijdefgh"
+	if a.Size != int64(len(want)) {
+		t.Fatalf("size %d, want %d", a.Size, len(want))
+	}
+	for off := 0; off <= len(want); off++ {
+		for n := 0; n <= len(want)-off+2; n++ {
+			p := make([]byte, n)
+			got, err := m.ReadAt(ctx, "b", p, int64(off), "")
+			wantN := min(n, len(want)-off)
+			if got != wantN || string(p[:got]) != want[off:off+wantN] {
+				t.Fatalf("ReadAt(%d bytes at %d) = %d %q, want %d %q", n, off, got, p[:got], wantN, want[off:off+wantN])
+			}
+			if short := n > len(want)-off; short != errors.Is(err, io.EOF) && n > 0 {
+				t.Fatalf("ReadAt(%d bytes at %d): err %v, want io.EOF only when short", n, off, err)
+			}
 		}
 	}
 }
