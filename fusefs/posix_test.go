@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"syscall"
 	"testing"
@@ -30,6 +31,7 @@ var posixChecks = []struct {
 	{"EmptyFile", checkEmptyFile},
 	{"Append", checkAppend},
 	{"OverwriteMiddle", checkOverwriteMiddle},
+	{"WriteOnlySeenByOpenReader", checkWriteOnlySeenByOpenReader},
 	{"Truncate", checkTruncate},
 	{"RenameFile", checkRenameFile},
 	{"RenameFileOverwrite", checkRenameFileOverwrite},
@@ -98,6 +100,41 @@ func pattern(n int, seed byte) []byte {
 		b[i] = byte(i*7) + seed
 	}
 	return b
+}
+
+// checkWriteOnlySeenByOpenReader: a write through a write-only handle
+// (which bypasses the kernel's page cache) is seen by a reader that had
+// the file open, and cached, before it.
+func checkWriteOnlySeenByOpenReader(t *testing.T, mnt string, s blobstore.Store) {
+	path := join(mnt, "shared.bin")
+	old := pattern(64<<10, 1)
+	mustWrite(t, path, old)
+	r, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	got := make([]byte, len(old))
+	if _, err := r.ReadAt(got, 0); err != nil || !bytes.Equal(got, old) {
+		t.Fatalf("first read: %v", err)
+	}
+	w, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := pattern(8<<10, 9)
+	if _, err := w.WriteAt(patch, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want := slices.Clone(old)
+	copy(want[4096:], patch)
+	if _, err := r.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the open reader does not see the write (err %v)", err)
+	}
+	wantBlob(t, s, "shared.bin", want)
 }
 
 func checkCreateWriteRead(t *testing.T, mnt string, s blobstore.Store) {
