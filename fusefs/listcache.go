@@ -13,7 +13,8 @@ import (
 // mount has just created or listed needs no request to say "no such name".
 //
 // Listings are updated in place by this mount's own changes (create, mkdir,
-// unlink, rename, commit); changes by other writers show up once the entry
+// unlink, rename, commit), and so are listings still on their way from the
+// store (listFetch); changes by other writers show up once the entry
 // expires. Memory is bounded by maxEntries names over all listings: the
 // oldest listings are dropped first.
 type listCache struct {
@@ -45,9 +46,9 @@ type listFetch struct {
 	// changes are this mount's changes to dir since start, in order;
 	// guarded by listCache.mu.
 	changes []listChange
-	// spoiled: a change that cannot be replayed onto a listing (a
-	// directory renamed or removed below it), or more changes than
-	// maxFetchChanges. The listing is then not cached.
+	// spoiled: a change that cannot be replayed onto a listing (the
+	// directory or one above it renamed or removed, an invalidation), or
+	// more changes than maxFetchChanges. The listing is then not cached.
 	spoiled bool
 }
 
