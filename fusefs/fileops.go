@@ -240,8 +240,8 @@ func (fs *FS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) f
 // direct write invalidates the cached pages it overlaps, so other handles
 // on the file still read what was written. Writing 256 MiB through a
 // fresh mount over the fake store went from 0.87-0.92 of the direct
-// upload to 0.97-1.12 (make bench, faulty-write), fresh memory being slow
-// to fault in on these machines.
+// upload to 1.01-1.12 (blobfs-bench -figures faulty-write), fresh memory
+// being slow to fault in on these machines.
 func writeOnlyFlags(openFlags uint32) uint32 {
 	if openFlags&syscall.O_ACCMODE == syscall.O_WRONLY {
 		return fuse.FOPEN_DIRECT_IO
