@@ -154,7 +154,7 @@ func (m *BlobfsMounter) openStore(spec MountSpec) (blobstore.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	var store blobstore.Store = az
+	store := blobstore.NewLogged(az, m.log.With("volume", spec.VolumeID))
 	if m.metrics != nil {
 		store = m.metrics.instrumentStore(store)
 	}

@@ -125,8 +125,9 @@ func defaultLocalDir() string {
 	return filepath.Join(os.TempDir(), "blobfs-local")
 }
 
-// openStore builds the store and checks it before anything is mounted.
-func (c *mountConfig) openStore(ctx context.Context) (blobstore.Store, string, error) {
+// openStore builds the store and checks it before anything is mounted. At
+// debug level every store request is logged to logger.
+func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger) (blobstore.Store, string, error) {
 	var (
 		raw  blobstore.Store
 		desc string
@@ -169,7 +170,7 @@ func (c *mountConfig) openStore(ctx context.Context) (blobstore.Store, string, e
 		}
 		raw, desc = l, "local directory "+dir
 	}
-	store := blobstore.NewRetrying(raw, c.retry)
+	store := blobstore.NewRetrying(blobstore.NewLogged(raw, logger), c.retry)
 	cctx, cancel := context.WithTimeout(ctx, c.checkTime)
 	defer cancel()
 	if err := store.Check(cctx); err != nil {
@@ -291,7 +292,7 @@ type keptMount struct {
 func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, string), kept *keptMount) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	store, desc, err := c.openStore(ctx)
+	store, desc, err := c.openStore(ctx, logger)
 	if err != nil {
 		ready(err, "")
 		return err

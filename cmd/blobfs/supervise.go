@@ -148,7 +148,7 @@ func supervise(c *mountConfig, mp string, args []string, ready func(error, strin
 		return err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	_, _, err = c.openStore(ctx)
+	_, _, err = c.openStore(ctx, logger)
 	cancel()
 	if err != nil {
 		return err
