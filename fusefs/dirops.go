@@ -92,7 +92,7 @@ const smallDirPage = 5000
 // listing is now cached; a directory found larger is remembered and probed
 // name by name instead.
 func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
-	if fs.lists.ttl <= 0 || fs.lists.isLarge(dirPath) {
+	if !fs.lists.worthListing(dirPath) {
 		return false
 	}
 	prefix := ""
@@ -105,6 +105,17 @@ func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
 		fs.lists.endFetch(fetch)
 		return false
 	}
+	// A listing that lacks a change this mount made meanwhile, which
+	// could not be replayed onto it, is not cached; the caller then
+	// probes the name.
+	return fs.keepListing(dirPath, prefix, page, fetch)
+}
+
+// keepListing caches page, the first page of a listing of dirPath fetched
+// since fetch began, when it is the whole directory; a directory with more
+// pages is remembered as large instead (markLarge). It reports whether a
+// listing was cached.
+func (fs *FS) keepListing(dirPath, prefix string, page blobstore.ListPage, fetch *listFetch) bool {
 	if page.NextMarker != "" {
 		fs.lists.endFetch(fetch)
 		fs.lists.markLarge(dirPath)
@@ -113,9 +124,6 @@ func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
 	entries := map[string]dirEntry{}
 	addPage(entries, prefix, page)
 	fs.mergeLocal(dirPath, entries)
-	// A listing that lacks a change this mount made meanwhile, which
-	// could not be replayed onto it, is not cached; the caller then
-	// probes the name.
 	return fs.lists.putFetched(entries, fetch)
 }
 

@@ -267,7 +267,7 @@ func (fs *FS) probe(ctx context.Context, path string) (dirEntry, error) {
 	prefix := path + "/"
 	pageSize := 1
 	var fetch *listFetch
-	if fs.lists.ttl > 0 && !fs.lists.isLarge(path) {
+	if fs.lists.worthListing(path) {
 		pageSize, fetch = smallDirPage, fs.lists.beginFetch(path)
 	}
 	g, gctx := errgroup.WithContext(ctx)
@@ -286,17 +286,10 @@ func (fs *FS) probe(ctx context.Context, path string) (dirEntry, error) {
 	err := g.Wait()
 	isDir := len(page.Blobs) > 0 || len(page.Prefixes) > 0
 	if fetch != nil {
-		switch {
-		case err == nil && isDir && page.NextMarker == "":
-			entries := map[string]dirEntry{}
-			addPage(entries, prefix, page)
-			fs.mergeLocal(path, entries)
-			fs.lists.putFetched(entries, fetch)
-		case err == nil && page.NextMarker != "":
-			fs.lists.endFetch(fetch)
-			fs.lists.markLarge(path)
-		default:
-			fs.lists.endFetch(fetch)
+		if err == nil && isDir {
+			fs.keepListing(path, prefix, page, fetch)
+		} else {
+			fs.lists.endFetch(fetch) // not a directory: nothing to keep
 		}
 	}
 	if err != nil {

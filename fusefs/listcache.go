@@ -153,6 +153,13 @@ func (c *listCache) markLarge(dir string) {
 	c.large[dir] = time.Now().Add(largeMemory)
 }
 
+// worthListing reports whether a whole page of dir is worth fetching for
+// the cache: listings are cached at all, and dir is not known to be larger
+// than a page.
+func (c *listCache) worthListing(dir string) bool {
+	return c.ttl > 0 && !c.isLarge(dir)
+}
+
 func (c *listCache) isLarge(dir string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -91,7 +91,7 @@ func (p *spillPool) put(f *os.File) {
 	p.mu.Lock()
 	full := len(p.free) >= maxPooledSpills
 	p.mu.Unlock()
-	if !full && strings.HasPrefix(filepath.Base(name), spillPrefix) && f.Truncate(0) == nil && os.Rename(name, pooledName(name)) == nil {
+	if !full && f.Truncate(0) == nil && os.Rename(name, pooledName(name)) == nil {
 		p.mu.Lock()
 		p.free = append(p.free, pooledSpill{f: f, name: name})
 		p.mu.Unlock()
