@@ -163,20 +163,20 @@ func (m *Metrics) observeCSI(method string, err error, d time.Duration) {
 
 // --- store requests ----------------------------------------------------
 
-// instrumentedStore counts and times every request to the store below it.
-// It sits under the retry layer, so each try is one request.
-type instrumentedStore struct {
-	inner blobstore.Store
-	m     *Metrics
-}
-
+// instrumentStore counts and times every request to the store below it,
+// and the bytes read and (successfully) written. It sits under the retry
+// layer, so each try is one request.
 func (m *Metrics) instrumentStore(s blobstore.Store) blobstore.Store {
-	return &instrumentedStore{inner: s, m: m}
-}
-
-func (s *instrumentedStore) done(op blobstore.Op, start time.Time, err error) {
-	s.m.storeReqs.WithLabelValues(string(op), storeResult(err)).Inc()
-	s.m.storeLat.WithLabelValues(string(op)).Observe(time.Since(start).Seconds())
+	return blobstore.NewObserved(s, func(_ context.Context, c *blobstore.Call) {
+		m.storeReqs.WithLabelValues(string(c.Op), storeResult(c.Err)).Inc()
+		m.storeLat.WithLabelValues(string(c.Op)).Observe(c.Took.Seconds())
+		switch {
+		case c.Op == blobstore.OpReadAt:
+			m.bytes.WithLabelValues("store", "read").Add(float64(c.Read))
+		case (c.Op == blobstore.OpPut || c.Op == blobstore.OpStageBlock) && c.Err == nil:
+			m.bytes.WithLabelValues("store", "write").Add(float64(c.Len))
+		}
+	})
 }
 
 // storeResult names an error's kind from the blobstore sentinels.
@@ -200,83 +200,6 @@ func storeResult(err error) string {
 		return "canceled"
 	}
 	return "error"
-}
-
-func (s *instrumentedStore) Stat(ctx context.Context, name string) (blobstore.Attrs, error) {
-	t := time.Now()
-	a, err := s.inner.Stat(ctx, name)
-	s.done(blobstore.OpStat, t, err)
-	return a, err
-}
-
-func (s *instrumentedStore) ReadAt(ctx context.Context, name string, p []byte, off int64, etag string) (int, error) {
-	t := time.Now()
-	n, err := s.inner.ReadAt(ctx, name, p, off, etag)
-	s.done(blobstore.OpReadAt, t, err)
-	s.m.bytes.WithLabelValues("store", "read").Add(float64(n))
-	return n, err
-}
-
-func (s *instrumentedStore) List(ctx context.Context, opts blobstore.ListOptions) (blobstore.ListPage, error) {
-	t := time.Now()
-	p, err := s.inner.List(ctx, opts)
-	s.done(blobstore.OpList, t, err)
-	return p, err
-}
-
-func (s *instrumentedStore) Put(ctx context.Context, name string, data []byte, opts blobstore.PutOptions) (blobstore.Attrs, error) {
-	t := time.Now()
-	a, err := s.inner.Put(ctx, name, data, opts)
-	s.done(blobstore.OpPut, t, err)
-	if err == nil {
-		s.m.bytes.WithLabelValues("store", "write").Add(float64(len(data)))
-	}
-	return a, err
-}
-
-func (s *instrumentedStore) StageBlock(ctx context.Context, name, blockID string, data []byte) error {
-	t := time.Now()
-	err := s.inner.StageBlock(ctx, name, blockID, data)
-	s.done(blobstore.OpStageBlock, t, err)
-	if err == nil {
-		s.m.bytes.WithLabelValues("store", "write").Add(float64(len(data)))
-	}
-	return err
-}
-
-func (s *instrumentedStore) CommitBlocks(ctx context.Context, name string, ids []string, opts blobstore.PutOptions) (blobstore.Attrs, error) {
-	t := time.Now()
-	a, err := s.inner.CommitBlocks(ctx, name, ids, opts)
-	s.done(blobstore.OpCommitBlocks, t, err)
-	return a, err
-}
-
-func (s *instrumentedStore) Delete(ctx context.Context, name string, cond blobstore.Conditions) error {
-	t := time.Now()
-	err := s.inner.Delete(ctx, name, cond)
-	s.done(blobstore.OpDelete, t, err)
-	return err
-}
-
-func (s *instrumentedStore) Copy(ctx context.Context, dst, src string) (blobstore.Attrs, error) {
-	t := time.Now()
-	a, err := s.inner.Copy(ctx, dst, src)
-	s.done(blobstore.OpCopy, t, err)
-	return a, err
-}
-
-func (s *instrumentedStore) SetMetadata(ctx context.Context, name string, md map[string]string, cond blobstore.Conditions) (blobstore.Attrs, error) {
-	t := time.Now()
-	a, err := s.inner.SetMetadata(ctx, name, md, cond)
-	s.done(blobstore.OpSetMetadata, t, err)
-	return a, err
-}
-
-func (s *instrumentedStore) Check(ctx context.Context) error {
-	t := time.Now()
-	err := s.inner.Check(ctx)
-	s.done(blobstore.OpCheck, t, err)
-	return err
 }
 
 // --- FUSE operations ---------------------------------------------------
