@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -643,5 +644,91 @@ func TestRestoreFinishesSpillRemoval(t *testing.T) {
 	}
 	if got, err := os.ReadFile(keptSpill); err != nil || string(got) != "kept" {
 		t.Fatalf("spill file of an open file: %q %v, want it kept", got, err)
+	}
+}
+
+// lateStore holds the Put of one name until land is closed: a request the
+// dead process sent that the store carries out only after its successor
+// has looked.
+type lateStore struct {
+	blobstore.Store
+	name string
+	sent chan struct{} // closed when the held Put is on its way
+	land chan struct{} // closed by the test to let it reach the store
+}
+
+func (s *lateStore) Put(ctx context.Context, name string, data []byte, opts blobstore.PutOptions) (blobstore.Attrs, error) {
+	if name == s.name {
+		close(s.sent)
+		<-s.land
+	}
+	return s.Store.Put(ctx, name, data, opts)
+}
+
+// TestResentMkdirWhosePutLandsLate: the serving process dies with its
+// mkdir's Put on its way; its successor lists the directory (the name is
+// not there yet), then the Put lands, then the kernel resends the mkdir.
+// The successor's own Put finds the marker and the intent says it is the
+// first run's: the answer is OK, not the EEXIST the stale listing implies.
+func TestResentMkdirWhosePutLandsLate(t *testing.T) {
+	state, err := NewState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer state.Close()
+	store := blobstore.NewMemory()
+	held := &lateStore{Store: store, name: "late", sent: make(chan struct{}), land: make(chan struct{})}
+	first, err := New(held, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.SaveInit(fakeInit()); err != nil {
+		t.Fatal(err)
+	}
+	// The first process runs nothing after its Put: it is dead.
+	first.crashHook = func(where string) {
+		if where == "mkdir/store/late" {
+			runtime.Goexit()
+		}
+	}
+	const opMkdir = 9
+	firstRun := make(chan struct{})
+	go func() {
+		defer close(firstRun)
+		var out fuse.EntryOut
+		first.Mkdir(nil, &fuse.MkdirIn{InHeader: fuse.InHeader{NodeId: 1, Unique: 60, Opcode: opMkdir}}, "late", &out)
+		t.Error("the first run answered its mkdir; it should have died after its Put")
+	}()
+	<-held.sent
+
+	second, err := New(store, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	// Lookups of other names, as other applications make them, have the
+	// successor list the root while the Put is still on its way.
+	var entry fuse.EntryOut
+	for _, name := range []string{"other-1", "other-2"} {
+		second.Lookup(nil, &fuse.InHeader{NodeId: 1}, name, &entry)
+	}
+	if _, found, ok := second.lists.lookup("", "late"); !ok || found {
+		t.Fatalf("root listing before the Put landed: ok=%v found=%v, want a listing without the name", ok, found)
+	}
+
+	close(held.land)
+	<-firstRun
+	first.Close()
+
+	var out fuse.EntryOut
+	resent := fuse.InHeader{NodeId: 1, Unique: 60 | resendBit, Opcode: opMkdir}
+	if st := second.Mkdir(nil, &fuse.MkdirIn{InHeader: resent}, "late", &out); !st.Ok() {
+		t.Fatalf("resent mkdir whose first Put landed after the successor listed: %v, want OK", st)
+	}
+	second.mu.Lock()
+	n := second.nodes.get(out.NodeId)
+	second.mu.Unlock()
+	if n == nil || n.kind != kindDir || n.name != "late" {
+		t.Fatalf("resent mkdir answered node %d (%+v), want the directory late", out.NodeId, n)
 	}
 }

@@ -39,6 +39,13 @@ func (fs *FS) newChild(dir *node, dirPath, name string, e dirEntry, out *fuse.En
 // the answer is the entry the first reply carried. ok is false when the
 // request must fail with EEXIST after all.
 func (fs *FS) resentMade(ctx context.Context, it intent, dir *node, dirPath, name string, kind nodeKind, out *fuse.EntryOut) (ok bool) {
+	// The caller knows the name is in the store (it resolved it, or its
+	// Put found it there). A cached listing without it was fetched before
+	// the dead process's Put landed; resolving through it would answer
+	// EEXIST for the first run's own work.
+	if _, found, listed := fs.lists.lookup(dirPath, name); listed && !found {
+		fs.lists.invalidate(dirPath)
+	}
 	n, err := fs.resolve(ctx, dir, dirPath, name)
 	if err != nil || n.kind != kind {
 		return false
