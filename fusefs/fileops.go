@@ -262,7 +262,7 @@ func (fs *FS) directRead(size int64) bool {
 // the kernel agreed to FUSE_DIRECT_IO_ALLOW_MMAP.
 func (fs *FS) allowDirectIO(ok bool) { fs.directIOMmap.Store(ok) }
 
-func (fs *FS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
+func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
 	dir, dirPath, st := fs.node(in.NodeId)
 	if !st.Ok() {
 		return st
@@ -276,7 +276,7 @@ func (fs *FS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out
 	if in.Mode&syscall.S_IFMT != 0 && in.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return fuse.EPERM
 	}
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.changeContext()
 	defer cf()
 	fs.crashPoint("create", "begin", name)
 	if resent, ok := fs.resentIntent(&in.InHeader, dir.id, 0, name, ""); ok && resent.done {

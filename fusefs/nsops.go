@@ -43,9 +43,7 @@ func (fs *FS) resentMade(ctx context.Context, it intent, dir *node, dirPath, nam
 	// Put found it there). A cached listing without it was fetched before
 	// the dead process's Put landed; resolving through it would answer
 	// EEXIST for the first run's own work.
-	if _, found, listed := fs.lists.lookup(dirPath, name); listed && !found {
-		fs.lists.invalidate(dirPath)
-	}
+	fs.foundInStore(dirPath, name)
 	n, err := fs.resolve(ctx, dir, dirPath, name)
 	if err != nil || n.kind != kind {
 		return false
@@ -68,7 +66,7 @@ func (fs *FS) forgetName(dir *node, dirPath, name string, intent uint64) {
 	})
 }
 
-func (fs *FS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
+func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
 	dir, dirPath, st := fs.node(in.NodeId)
 	if !st.Ok() {
 		return st
@@ -79,7 +77,7 @@ func (fs *FS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *
 	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
 		return st
 	}
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.changeContext()
 	defer cf()
 	fs.crashPoint("mkdir", "begin", name)
 	resent, isResent := fs.resentIntent(&in.InHeader, dir.id, 0, name, "")
@@ -100,6 +98,9 @@ func (fs *FS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *
 		if isResent && errors.Is(err, blobstore.ErrAlreadyExists) && fs.resentMade(ctx, resent, dir, dirPath, name, kindDir, out) {
 			return fuse.OK
 		}
+		if errors.Is(err, blobstore.ErrAlreadyExists) {
+			fs.foundInStore(dirPath, name)
+		}
 		fs.dropIntent(intent)
 		return toStatus(err)
 	}
@@ -112,8 +113,19 @@ func (fs *FS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *
 	return fuse.OK
 }
 
+// foundInStore is told that name exists in the store after all (a
+// conditional Put found it there): a cached listing of dirPath without it
+// is out of date, and is dropped so that the next lookup asks the store.
+// Kept, it would answer ENOENT for the name that EEXIST was just answered
+// for.
+func (fs *FS) foundInStore(dirPath, name string) {
+	if _, found, listed := fs.lists.lookup(dirPath, name); listed && !found {
+		fs.lists.invalidate(dirPath)
+	}
+}
+
 // Mknod makes empty regular files only; blobs cannot be devices or FIFOs.
-func (fs *FS) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
+func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
 	dir, dirPath, st := fs.node(in.NodeId)
 	if !st.Ok() {
 		return st
@@ -127,7 +139,7 @@ func (fs *FS) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *
 	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
 		return st
 	}
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.changeContext()
 	defer cf()
 	fs.crashPoint("mknod", "begin", name)
 	resent, isResent := fs.resentIntent(&in.InHeader, dir.id, 0, name, "")
@@ -136,6 +148,9 @@ func (fs *FS) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *
 	if err != nil {
 		if isResent && errors.Is(err, blobstore.ErrAlreadyExists) && fs.resentMade(ctx, resent, dir, dirPath, name, kindFile, out) {
 			return fuse.OK
+		}
+		if errors.Is(err, blobstore.ErrAlreadyExists) {
+			fs.foundInStore(dirPath, name)
 		}
 		fs.dropIntent(intent)
 		return toStatus(err)
@@ -146,7 +161,7 @@ func (fs *FS) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *
 	return fuse.OK
 }
 
-func (fs *FS) Symlink(cancel <-chan struct{}, h *fuse.InHeader, target, name string, out *fuse.EntryOut) fuse.Status {
+func (fs *FS) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name string, out *fuse.EntryOut) fuse.Status {
 	dir, dirPath, st := fs.node(h.NodeId)
 	if !st.Ok() {
 		return st
@@ -157,7 +172,7 @@ func (fs *FS) Symlink(cancel <-chan struct{}, h *fuse.InHeader, target, name str
 	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
 		return st
 	}
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.changeContext()
 	defer cf()
 	fs.crashPoint("symlink", "begin", name)
 	resent, isResent := fs.resentIntent(h, dir.id, 0, name, "")
@@ -169,6 +184,9 @@ func (fs *FS) Symlink(cancel <-chan struct{}, h *fuse.InHeader, target, name str
 	if err != nil {
 		if isResent && errors.Is(err, blobstore.ErrAlreadyExists) && fs.resentMade(ctx, resent, dir, dirPath, name, kindSymlink, out) {
 			return fuse.OK
+		}
+		if errors.Is(err, blobstore.ErrAlreadyExists) {
+			fs.foundInStore(dirPath, name)
 		}
 		fs.dropIntent(intent)
 		return toStatus(err)
@@ -208,7 +226,7 @@ func (fs *FS) Readlink(cancel <-chan struct{}, h *fuse.InHeader) ([]byte, fuse.S
 	return buf[:got], fuse.OK
 }
 
-func (fs *FS) Unlink(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
+func (fs *FS) Unlink(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
 	dir, dirPath, st := fs.node(h.NodeId)
 	if !st.Ok() {
 		return st
@@ -216,7 +234,7 @@ func (fs *FS) Unlink(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse
 	if fs.opts.ReadOnly {
 		return fuse.EROFS
 	}
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.changeContext()
 	defer cf()
 	fs.crashPoint("unlink", "begin", name)
 	resent, isResent := fs.resentIntent(h, dir.id, 0, name, "")
@@ -303,7 +321,7 @@ func (fs *FS) dirEmpty(ctx context.Context, n *node, dirPath string) (bool, erro
 	return true, nil
 }
 
-func (fs *FS) Rmdir(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
+func (fs *FS) Rmdir(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
 	dir, dirPath, st := fs.node(h.NodeId)
 	if !st.Ok() {
 		return st
@@ -311,7 +329,7 @@ func (fs *FS) Rmdir(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.
 	if fs.opts.ReadOnly {
 		return fuse.EROFS
 	}
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.changeContext()
 	defer cf()
 	fs.crashPoint("rmdir", "begin", name)
 	resent, isResent := fs.resentIntent(h, dir.id, 0, name, "")
@@ -356,7 +374,7 @@ func (fs *FS) Rmdir(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.
 	return fuse.OK
 }
 
-func (fs *FS) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newName string) fuse.Status {
+func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName string) fuse.Status {
 	const renameNoReplace, renameExchange = 1, 2
 	if in.Flags&renameExchange != 0 {
 		return fuse.EINVAL // not possible atomically on a blob store
@@ -375,7 +393,7 @@ func (fs *FS) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newName
 	if st := fs.checkNew(dstDir, dstDirPath, newName); !st.Ok() {
 		return st
 	}
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.changeContext()
 	defer cf()
 	fs.crashPoint("rename", "begin", oldName)
 	resent, isResent := fs.resentIntent(&in.InHeader, srcDir.id, dstDir.id, oldName, newName)

@@ -1,0 +1,160 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// answerLostStore holds the next change (Put, Delete or Copy) once armed,
+// until release is closed; the change then reaches the store whatever
+// happened meanwhile, but a caller whose context ended meanwhile gets its
+// error instead of the answer, as over a network.
+type answerLostStore struct {
+	blobstore.Store
+	armed   bool
+	held    chan struct{} // closed when a change is being held
+	release chan struct{}
+}
+
+func (s *answerLostStore) arm() {
+	s.armed, s.held, s.release = true, make(chan struct{}), make(chan struct{})
+}
+
+func (s *answerLostStore) hold(ctx context.Context) error {
+	if !s.armed {
+		return nil
+	}
+	s.armed = false
+	close(s.held)
+	<-s.release
+	// The interrupt reaches the context through a goroutine: give it
+	// time to (with the fix, it never comes).
+	select {
+	case <-ctx.Done():
+	case <-time.After(200 * time.Millisecond):
+	}
+	return ctx.Err()
+}
+
+func (s *answerLostStore) Put(ctx context.Context, name string, data []byte, opts blobstore.PutOptions) (blobstore.Attrs, error) {
+	lost := s.hold(ctx)
+	a, err := s.Store.Put(context.Background(), name, data, opts)
+	if lost != nil {
+		return blobstore.Attrs{}, lost
+	}
+	return a, err
+}
+
+func (s *answerLostStore) Delete(ctx context.Context, name string, cond blobstore.Conditions) error {
+	lost := s.hold(ctx)
+	if err := s.Store.Delete(context.Background(), name, cond); err != nil {
+		return err
+	}
+	return lost
+}
+
+func (s *answerLostStore) Copy(ctx context.Context, dst, src string) (blobstore.Attrs, error) {
+	lost := s.hold(ctx)
+	a, err := s.Store.Copy(context.Background(), dst, src)
+	if lost != nil {
+		return blobstore.Attrs{}, lost
+	}
+	return a, err
+}
+
+// TestChangesIgnoreInterrupt: a FUSE_INTERRUPT that arrives while a change
+// is on its way to the store does not make the change answer EINTR. The
+// change may land all the same, and the caller's retry (Go's os.Mkdir,
+// os.Remove and os.Rename retry EINTR at once) would then fail: EEXIST for
+// mkdir, ENOENT for the others.
+func TestChangesIgnoreInterrupt(t *testing.T) {
+	root := &fuse.InHeader{NodeId: 1}
+	for _, c := range []struct {
+		name   string
+		before func(s blobstore.Store)
+		change func(fs *FS, cancel chan struct{}) fuse.Status
+		after  func(s blobstore.Store) error
+	}{
+		{"mkdir", nil, func(fs *FS, cancel chan struct{}) fuse.Status {
+			return fs.Mkdir(cancel, &fuse.MkdirIn{InHeader: *root, Mode: 0o755}, "d", &fuse.EntryOut{})
+		}, func(s blobstore.Store) error { return wantInStore(s, "d", true) }},
+		{"symlink", nil, func(fs *FS, cancel chan struct{}) fuse.Status {
+			return fs.Symlink(cancel, root, "target", "l", &fuse.EntryOut{})
+		}, func(s blobstore.Store) error { return wantInStore(s, "l", true) }},
+		{"unlink", func(s blobstore.Store) { putBlobOrPanic(s, "f") }, func(fs *FS, cancel chan struct{}) fuse.Status {
+			return fs.Unlink(cancel, root, "f")
+		}, func(s blobstore.Store) error { return wantInStore(s, "f", false) }},
+		{"rename", func(s blobstore.Store) { putBlobOrPanic(s, "f") }, func(fs *FS, cancel chan struct{}) fuse.Status {
+			return fs.Rename(cancel, &fuse.RenameIn{InHeader: *root, Newdir: 1}, "f", "g")
+		}, func(s blobstore.Store) error {
+			return errors.Join(wantInStore(s, "f", false), wantInStore(s, "g", true))
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			store := &answerLostStore{Store: blobstore.NewMemory()}
+			if c.before != nil {
+				c.before(store.Store)
+			}
+			fs, err := New(store, Options{CacheDir: t.TempDir(), Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fs.Close()
+			store.arm()
+			cancel := make(chan struct{})
+			done := make(chan fuse.Status, 1)
+			go func() { done <- c.change(fs, cancel) }()
+			<-store.held
+			close(cancel) // FUSE_INTERRUPT
+			close(store.release)
+			if st := <-done; !st.Ok() {
+				t.Fatalf("%s interrupted on its way to the store: %v, want OK", c.name, st)
+			}
+			if err := c.after(store.Store); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func putBlobOrPanic(s blobstore.Store, name string) {
+	if _, err := s.Put(context.Background(), name, []byte("content"), blobstore.PutOptions{}); err != nil {
+		panic(err)
+	}
+}
+
+func wantInStore(s blobstore.Store, name string, want bool) error {
+	_, err := s.Stat(context.Background(), name)
+	if got := err == nil; got != want || (err != nil && !errors.Is(err, blobstore.ErrNotFound)) {
+		return fmt.Errorf("%s in the store: %v (%v), want %v", name, got, err, want)
+	}
+	return nil
+}
+
+// TestExistsAfterAllIsSeen: a name this mount's cached listing lacks, made
+// by another client meanwhile, fails mkdir with EEXIST, and from then on
+// lookups find it instead of answering ENOENT from that listing.
+func TestExistsAfterAllIsSeen(t *testing.T) {
+	store := blobstore.NewMemory()
+	mnt, _ := mountStore(t, store, Options{})
+	if _, err := os.ReadDir(mnt); err != nil { // the root's listing is cached
+		t.Fatal(err)
+	}
+	putBlob(t, store, "made-elsewhere", nil, folderMeta)
+	err := os.Mkdir(join(mnt, "made-elsewhere"), 0o755)
+	if !errors.Is(err, syscall.EEXIST) {
+		t.Fatalf("mkdir of a directory made by another client: %v, want EEXIST", err)
+	}
+	if st, err := os.Stat(join(mnt, "made-elsewhere")); err != nil || !st.IsDir() {
+		t.Fatalf("stat after EEXIST: %v, %v; want the directory", st, err)
+	}
+}
