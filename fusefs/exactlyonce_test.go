@@ -647,22 +647,32 @@ func TestRestoreFinishesSpillRemoval(t *testing.T) {
 	}
 }
 
-// lateStore holds the Put of one name until land is closed: a request the
-// dead process sent that the store carries out only after its successor
-// has looked.
+// lateStore holds the Put (or, with op OpDelete, the Delete) of one name
+// until land is closed: a request the dead process sent that the store
+// carries out only after its successor has looked.
 type lateStore struct {
 	blobstore.Store
+	op   blobstore.Op // OpPut or OpDelete
 	name string
-	sent chan struct{} // closed when the held Put is on its way
+	sent chan struct{} // closed when the held request is on its way
 	land chan struct{} // closed by the test to let it reach the store
 }
 
-func (s *lateStore) Put(ctx context.Context, name string, data []byte, opts blobstore.PutOptions) (blobstore.Attrs, error) {
-	if name == s.name {
+func (s *lateStore) hold(op blobstore.Op, name string) {
+	if op == s.op && name == s.name {
 		close(s.sent)
 		<-s.land
 	}
+}
+
+func (s *lateStore) Put(ctx context.Context, name string, data []byte, opts blobstore.PutOptions) (blobstore.Attrs, error) {
+	s.hold(blobstore.OpPut, name)
 	return s.Store.Put(ctx, name, data, opts)
+}
+
+func (s *lateStore) Delete(ctx context.Context, name string, cond blobstore.Conditions) error {
+	s.hold(blobstore.OpDelete, name)
+	return s.Store.Delete(ctx, name, cond)
 }
 
 // TestResentMkdirWhosePutLandsLate: the serving process dies with its
@@ -677,7 +687,7 @@ func TestResentMkdirWhosePutLandsLate(t *testing.T) {
 	}
 	defer state.Close()
 	store := blobstore.NewMemory()
-	held := &lateStore{Store: store, name: "late", sent: make(chan struct{}), land: make(chan struct{})}
+	held := &lateStore{Store: store, op: blobstore.OpPut, name: "late", sent: make(chan struct{}), land: make(chan struct{})}
 	first, err := New(held, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -731,4 +741,158 @@ func TestResentMkdirWhosePutLandsLate(t *testing.T) {
 	if n == nil || n.kind != kindDir || n.name != "late" {
 		t.Fatalf("resent mkdir answered node %d (%+v), want the directory late", out.NodeId, n)
 	}
+}
+
+// opRename is FUSE_RENAME.
+const opRename = 12
+
+// TestResentRenameWhoseDeleteLandsLate: the serving process dies with its
+// file rename's Copy done and its Delete of the source on its way; its
+// successor lists the directory (both names there), then the Delete lands,
+// then the kernel resends the rename. The listing still shows the source,
+// so the successor copies it again and finds it gone: the first run moved
+// it, and the answer is OK, not ENOENT.
+func TestResentRenameWhoseDeleteLandsLate(t *testing.T) {
+	state, err := NewState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer state.Close()
+	store := blobstore.NewMemory()
+	ctx := context.Background()
+	if _, err := store.Put(ctx, "from", []byte("moved"), blobstore.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	held := &lateStore{Store: store, op: blobstore.OpDelete, name: "from", sent: make(chan struct{}), land: make(chan struct{})}
+	first, err := New(held, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.SaveInit(fakeInit()); err != nil {
+		t.Fatal(err)
+	}
+	first.crashHook = func(where string) {
+		if where == "rename/store/from" {
+			runtime.Goexit()
+		}
+	}
+	in := fuse.RenameIn{InHeader: fuse.InHeader{NodeId: 1, Unique: 70, Opcode: opRename}, Newdir: 1}
+	firstRun := make(chan struct{})
+	go func() {
+		defer close(firstRun)
+		first.Rename(nil, &in, "from", "to")
+		t.Error("the first run answered its rename; it should have died after its Delete")
+	}()
+	<-held.sent
+
+	second, err := New(store, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	var entry fuse.EntryOut
+	for _, name := range []string{"other-1", "other-2"} {
+		second.Lookup(nil, &fuse.InHeader{NodeId: 1}, name, &entry)
+	}
+	if _, found, ok := second.lists.lookup("", "from"); !ok || !found {
+		t.Fatalf("root listing before the Delete landed: ok=%v found=%v, want a listing with the source", ok, found)
+	}
+
+	close(held.land)
+	<-firstRun
+	first.Close()
+
+	in.Unique |= resendBit
+	if st := second.Rename(nil, &in, "from", "to"); !st.Ok() {
+		t.Fatalf("resent rename whose first Delete landed after the successor listed: %v, want OK", st)
+	}
+	wantNoBlob(t, store, "from")
+	wantBlob(t, store, "to", []byte("moved"))
+	// Lookups answer from the tables and the listing the rename updated.
+	entry = fuse.EntryOut{}
+	if st := second.Lookup(nil, &fuse.InHeader{NodeId: 1}, "from", &entry); st.Ok() && entry.NodeId != 0 {
+		t.Fatalf("lookup of the old name after the resent rename: %v node %d, want no such name", st, entry.NodeId)
+	}
+	if st := second.Lookup(nil, &fuse.InHeader{NodeId: 1}, "to", &entry); !st.Ok() || entry.NodeId == 0 {
+		t.Fatalf("lookup of the new name after the resent rename: %v node %d, want the file", st, entry.NodeId)
+	}
+}
+
+// copyHookStore calls beforeCopy with the source of each Copy.
+type copyHookStore struct {
+	blobstore.Store
+	beforeCopy func(src string)
+}
+
+func (s *copyHookStore) Copy(ctx context.Context, dst, src string) (blobstore.Attrs, error) {
+	s.beforeCopy(src)
+	return s.Store.Copy(ctx, dst, src)
+}
+
+// TestResentDirRenameWhoseDeleteLandsLate: the serving process dies during
+// a directory rename with every copy done and the Delete of a source blob
+// on its way. The successor's resent rename lists the source directory
+// (the blob still there), then that Delete lands, then the successor
+// copies the blob: the copy finds no source. The first run deletes only
+// after every copy landed, so the blob is in the destination already; the
+// answer is OK, not ENOENT.
+func TestResentDirRenameWhoseDeleteLandsLate(t *testing.T) {
+	state, err := NewState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer state.Close()
+	store := blobstore.NewMemory()
+	ctx := context.Background()
+	if _, err := store.Put(ctx, "fromdir/inside", []byte("inside"), blobstore.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	held := &lateStore{Store: store, op: blobstore.OpDelete, name: "fromdir/inside", sent: make(chan struct{}), land: make(chan struct{})}
+	first, err := New(held, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.SaveInit(fakeInit()); err != nil {
+		t.Fatal(err)
+	}
+	first.crashHook = func(where string) {
+		if where == "rename/store/fromdir" {
+			runtime.Goexit()
+		}
+	}
+	in := fuse.RenameIn{InHeader: fuse.InHeader{NodeId: 1, Unique: 71, Opcode: opRename}, Newdir: 1}
+	firstRun := make(chan struct{})
+	go func() {
+		defer close(firstRun)
+		first.Rename(nil, &in, "fromdir", "todir")
+		t.Error("the first run answered its rename; it should have died after its Deletes")
+	}()
+	<-held.sent
+
+	// The held Delete lands once the successor has listed the source
+	// directory and is about to copy the blob.
+	landed := false
+	successorStore := &copyHookStore{Store: store, beforeCopy: func(src string) {
+		if src == "fromdir/inside" && !landed {
+			landed = true
+			close(held.land)
+			<-firstRun
+		}
+	}}
+	second, err := New(successorStore, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+
+	in.Unique |= resendBit
+	if st := second.Rename(nil, &in, "fromdir", "todir"); !st.Ok() {
+		t.Fatalf("resent directory rename whose first Delete landed after the successor listed: %v, want OK", st)
+	}
+	if !landed {
+		t.Fatal("the resent rename copied nothing; the test did not exercise the late Delete")
+	}
+	first.Close()
+	wantNoBlob(t, store, "fromdir/inside")
+	wantBlob(t, store, "todir/inside", []byte("inside"))
 }

@@ -443,9 +443,9 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 
 	intent := fs.beginIntent(&in.InHeader, srcDir.id, dstDir.id, oldName, newName)
 	if src.kind == kindDir {
-		err = fs.renameDir(ctx, src, srcPath, dstPath, dst != nil)
+		err = fs.renameDir(ctx, src, srcPath, dstPath, dst != nil, isResent)
 	} else {
-		err = fs.renameBlob(ctx, src, srcPath, dstPath)
+		err = fs.renameBlob(ctx, src, srcPath, dstPath, isResent)
 	}
 	if err != nil {
 		fs.dropIntent(intent)
@@ -487,8 +487,9 @@ func (fs *FS) finishResentRename(ctx context.Context, it intent, srcDir *node, s
 }
 
 // renameBlob moves a file or symlink: commit local changes first, then a
-// server-side copy and a delete.
-func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string) error {
+// server-side copy and a delete. resent is set for a resent request whose
+// first run may have moved the blob already.
+func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string, resent bool) error {
 	fs.mu.Lock()
 	of := n.file
 	inStore := n.inStore
@@ -505,6 +506,13 @@ func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string) 
 		return nil // nothing stored yet: the next commit uses the new name
 	}
 	a, err := fs.store.Copy(ctx, dstPath, srcPath)
+	if resent && errors.Is(err, blobstore.ErrNotFound) {
+		// The source was there when this run resolved it (through a
+		// listing, or a probe, made before the dead process's Delete
+		// landed) and is gone now. That Delete follows its Copy, so the
+		// destination holds the source's content: the move is done.
+		a, err = fs.store.Stat(ctx, dstPath)
+	}
 	if err != nil {
 		return err
 	}
@@ -526,8 +534,9 @@ func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string) 
 
 // renameDir moves every blob under srcPath, and its marker. It is not
 // atomic: a failure half-way leaves both trees partly populated and is
-// reported; running the rename again completes it.
-func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, replaceEmpty bool) error {
+// reported; running the rename again completes it. resent is set for a
+// resent request whose first run may have moved some blobs already.
+func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, replaceEmpty, resent bool) error {
 	// Local changes under the tree go to the store first, under the old
 	// names, so that the copies below carry them.
 	fs.mu.Lock()
@@ -574,6 +583,12 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 	for _, name := range names {
 		g.Go(func() error {
 			_, err := fs.store.Copy(gctx, dstPath+strings.TrimPrefix(name, srcPath), name)
+			if resent && errors.Is(err, blobstore.ErrNotFound) {
+				// Listed above, gone now: the dead process's Delete
+				// landed after the listing. It deletes only once every
+				// copy has landed, so this blob is in place already.
+				return nil
+			}
 			return err
 		})
 	}
