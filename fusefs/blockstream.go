@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"sync"
 
 	"github.com/blobfs/blobfs/blobstore"
@@ -52,7 +53,7 @@ func (fs *FS) newBlockStream(name string) *blockStream {
 
 // stageFull starts uploads of every full block below size not yet handed
 // out.
-func (st *blockStream) stageFull(spill io.ReaderAt, size int64) error {
+func (st *blockStream) stageFull(spill *os.File, size int64) error {
 	for size-st.next >= st.bs {
 		if len(st.ids) >= blobstore.MaxBlocks-1 {
 			return errors.New("too many blocks for streaming")

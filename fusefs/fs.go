@@ -33,10 +33,8 @@ type FS struct {
 	log      *slog.Logger
 	spillDir string
 	spills   spillPool // emptied spill files, reused (spillpool.go)
-	// noDirectSpill: the cache directory refused O_DIRECT (spilldirect.go).
-	noDirectSpill atomic.Bool
-	blocks        *blockCache
-	lists         *listCache
+	blocks   *blockCache
+	lists    *listCache
 	// prefetcher fetches the next small files of a directory read file
 	// by file (fileprefetch.go).
 	prefetcher filePrefetcher

@@ -55,7 +55,6 @@ type openFile struct {
 
 	mu           sync.Mutex
 	spill        *os.File
-	direct       *os.File // spill opened with O_DIRECT, once used (spilldirect.go)
 	spillPath    string
 	size         int64
 	gen          uint64 // bumped by every change
@@ -147,7 +146,7 @@ func (of *openFile) write(ctx context.Context, data []byte, off int64) error {
 	if err := of.ensureSpillLocked(ctx, true); err != nil {
 		return err
 	}
-	if err := of.writeSpillLocked(data, off); err != nil {
+	if _, err := of.spill.WriteAt(data, off); err != nil {
 		return fmt.Errorf("spill write: %w", err)
 	}
 	of.setSizeLocked(max(of.size, off+int64(len(data))))
@@ -157,7 +156,7 @@ func (of *openFile) write(ctx context.Context, data []byte, off int64) error {
 		if off < st.next {
 			st.abandon()
 			of.stream = nil
-		} else if err := st.stageFull(of.spillReaderLocked(), of.size); err != nil {
+		} else if err := st.stageFull(of.spill, of.size); err != nil {
 			st.abandon()
 			of.stream = nil
 		}
@@ -291,7 +290,7 @@ func (of *openFile) commit(ctx context.Context) error {
 		of.mu.Unlock()
 		return nil
 	}
-	gen, size, f := of.gen, of.size, of.spillReaderLocked()
+	gen, size, f := of.gen, of.size, of.spill
 	opts := blobstore.PutOptions{Metadata: copyMeta(of.baseMeta)}
 	delete(opts.Metadata, blobstore.MetaMtime)
 	if of.mtime != nil {
@@ -374,7 +373,7 @@ func (of *openFile) commit(ctx context.Context) error {
 }
 
 // upload writes the whole spill file as the blob.
-func (of *openFile) upload(ctx context.Context, path string, f io.ReaderAt, size int64, opts blobstore.PutOptions) (blobstore.Attrs, error) {
+func (of *openFile) upload(ctx context.Context, path string, f *os.File, size int64, opts blobstore.PutOptions) (blobstore.Attrs, error) {
 	return blobstore.Upload(ctx, of.fs.store, path, f, size, blobstore.UploadOptions{
 		BlockSize:   of.fs.opts.UploadBlockSize,
 		Concurrency: of.fs.opts.UploadConcurrency,
@@ -395,7 +394,6 @@ func (of *openFile) close() {
 	}
 	if of.spill != nil {
 		of.fs.journalSpillRemoval(of.n, of.spillPath)
-		of.closeDirectLocked()
 		of.fs.spills.put(of.spill)
 		of.spill = nil
 		of.hasSpill.Store(false)
@@ -417,7 +415,6 @@ func (of *openFile) keepSpill(blobName string) string {
 	// as a removal: if this process dies before the move, the data stays
 	// in the spill directory.
 	of.fs.journalFile(of.n, "", "", false, false, "")
-	of.closeDirectLocked()
 	of.spill.Close()
 	if err := os.Rename(of.spillPath, dst); err != nil {
 		dst = of.spillPath

@@ -441,7 +441,7 @@ func (s *Session) reply(req, out []byte, slot *replySlot) error {
 // buffers reused for the reader's lifetime.
 func (s *Session) serve() {
 	defer s.readers.Done()
-	in := alignedRequestBuf(s.opts.MaxWrite + requestSlack)
+	in := make([]byte, s.opts.MaxWrite+requestSlack)
 	out := make([]byte, s.opts.MaxWrite+requestSlack)
 	// Make the request buffer resident now: the kernel copies a request
 	// into it during read(2), and if a page must be faulted in while this
