@@ -7,6 +7,8 @@ import (
 	"os"
 	"sync"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/blobfs/blobfs/blobstore"
 )
 
@@ -67,19 +69,24 @@ func (st *blockStream) stageFull(spill *os.File, size int64) error {
 		st.next += st.bs
 		st.wg.Add(1)
 		go func() {
-			defer st.wg.Done()
-			defer func() { <-st.fs.uploadSlots }()
 			buf := st.fs.blockBuf()
-			defer st.fs.freeBlockBuf(buf)
-			st.stage(st.fs.ctx, id, spill, (*buf)[:st.bs], off)
+			staged := st.stage(st.fs.ctx, id, spill, (*buf)[:st.bs], off)
+			st.fs.freeBlockBuf(buf)
+			<-st.fs.uploadSlots
+			st.wg.Done()
+			if staged {
+				// After Done: the commit need not wait for the disk.
+				releaseStagedPages(spill, off, st.bs)
+			}
 		}()
 	}
 	return nil
 }
 
 // stage reads len(buf) bytes at off from spill into buf and stages them as
-// block id, recording the first failure.
-func (st *blockStream) stage(ctx context.Context, id string, spill io.ReaderAt, buf []byte, off int64) {
+// block id, recording the first failure; it tells whether the block is
+// staged.
+func (st *blockStream) stage(ctx context.Context, id string, spill io.ReaderAt, buf []byte, off int64) bool {
 	n, err := spill.ReadAt(buf, off)
 	if n == len(buf) {
 		err = nil
@@ -96,6 +103,44 @@ func (st *blockStream) stage(ctx context.Context, id string, spill io.ReaderAt, 
 		}
 		st.mu.Unlock()
 	}
+	return err == nil
+}
+
+// releaseStagedPages writes the spill file's pages of a staged block to
+// disk and drops them from the page cache, so that the pages of the next
+// blocks written reuse them.
+//
+// Why: a file written sequentially keeps a staged block's bytes in its
+// spill file only for what may never come (a read through the mount, an
+// upload of the whole file if streaming fails, a successor's upload after
+// a crash), and all of those read the disk as well. Kept in the page cache,
+// a file being uploaded held as many pages as it had bytes, each a fresh
+// page: on a VM whose host takes back the memory the guest frees
+// (virtio-balloon free page reporting, this project's machines) a fresh
+// page faults in the host on its first write: dd of 1 GiB into a new file
+// took 3.8 s of system time, into the same file again 0.17 s. Dropped once
+// staged, a stream's pages stay near its blocks in flight, freed pages are
+// taken again while they are still the guest's, and the file no longer
+// pushes other data out of the page cache.
+//
+// Only clean pages are dropped (POSIX_FADV_DONTNEED leaves dirty ones), so
+// a page written again after its block was staged, which abandons the
+// stream, keeps its new bytes. The disk write runs after the upload, off
+// the writer's and the commit's path. The descriptor is held for the calls
+// (RawConn.Control), so a spill file closed meanwhile is not mistaken for
+// another; one emptied and handed to another file meanwhile only loses
+// clean pages of that range to the disk.
+func releaseStagedPages(spill *os.File, off, n int64) {
+	rc, err := spill.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Control(func(fd uintptr) {
+		const flags = unix.SYNC_FILE_RANGE_WAIT_BEFORE | unix.SYNC_FILE_RANGE_WRITE | unix.SYNC_FILE_RANGE_WAIT_AFTER
+		if unix.SyncFileRange(int(fd), off, n, flags) == nil {
+			unix.Fadvise(int(fd), off, n, unix.FADV_DONTNEED)
+		}
+	})
 }
 
 // commit stages the tail alongside the blocks still in flight, waits for
