@@ -176,7 +176,7 @@ func copyEntries(m map[string]dirEntry) map[string]dirEntry {
 	return out
 }
 
-func (fs *FS) OpenDir(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+func (fs *FS) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	n, _, st := fs.node(in.NodeId)
 	if !st.Ok() {
 		return st
@@ -194,7 +194,7 @@ func (fs *FS) OpenDir(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut
 // loadDir fills the handle's snapshot when the stream starts (offset 0,
 // also after rewinddir). Offsets are positions in the snapshot, so a
 // listing that changes meanwhile never makes the stream skip or repeat.
-func (fs *FS) loadDir(cancel <-chan struct{}, h *handle, off uint64) fuse.Status {
+func (fs *FS) loadDir(_ <-chan struct{}, h *handle, off uint64) fuse.Status {
 	if h.dirLoaded && off != 0 {
 		return fuse.OK
 	}
@@ -202,7 +202,7 @@ func (fs *FS) loadDir(cancel <-chan struct{}, h *handle, off uint64) fuse.Status
 	if !ok {
 		return fuse.ENOENT
 	}
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.reqContext()
 	defer cf()
 	names, entries, err := fs.listDir(ctx, path)
 	if err != nil {
@@ -291,6 +291,6 @@ func (fs *FS) ReleaseDir(in *fuse.ReleaseIn) {
 	fs.dropHandleLocked(in.Fh)
 }
 
-func (fs *FS) FsyncDir(cancel <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
+func (fs *FS) FsyncDir(_ <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
 	return fuse.OK // directory changes are synchronous
 }

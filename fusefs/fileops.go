@@ -172,7 +172,7 @@ func splitPath(p string) (dir, name string) {
 
 func isWrite(flags uint32) bool { return flags&syscall.O_ACCMODE != syscall.O_RDONLY }
 
-func (fs *FS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	n, path, st := fs.node(in.NodeId)
 	if !st.Ok() {
 		return st
@@ -187,7 +187,7 @@ func (fs *FS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) f
 	if write && fs.opts.ReadOnly {
 		return fuse.EROFS
 	}
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.reqContext()
 	defer cf()
 
 	// Revalidate so that reads see the blob as it is now.
@@ -276,7 +276,7 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 	if in.Mode&syscall.S_IFMT != 0 && in.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return fuse.EPERM
 	}
-	ctx, cf := fs.changeContext()
+	ctx, cf := fs.reqContext()
 	defer cf()
 	fs.crashPoint("create", "begin", name)
 	if resent, ok := fs.resentIntent(&in.InHeader, dir.id, 0, name, ""); ok && resent.done {
@@ -346,7 +346,7 @@ func (fs *FS) checkNew(dir *node, dirPath, name string) fuse.Status {
 	return checkPath(joinPath(dirPath, name))
 }
 
-func (fs *FS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
+func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
 	h := fs.handle(in.Fh)
 	if h == nil || h.of == nil {
 		return nil, fuse.EBADF
@@ -363,7 +363,7 @@ func (fs *FS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.Re
 	if !ok {
 		return nil, fuse.Status(syscall.ESTALE)
 	}
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.reqContext()
 	defer cf()
 	if inStore && etag == "" {
 		// Attributes not known yet: a node restored from the state
@@ -478,12 +478,12 @@ func (fs *FS) readAheadWindow() int {
 	return max(min(2*fs.opts.MaxReadAheadBlocks, cacheBlocks*3/4), 1)
 }
 
-func (fs *FS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
+func (fs *FS) Write(_ <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
 	h := fs.handle(in.Fh)
 	if h == nil || h.of == nil || !h.write {
 		return 0, fuse.EBADF
 	}
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.reqContext()
 	defer cf()
 	if err := h.of.write(ctx, data, int64(in.Offset)); err != nil {
 		fs.log.Warn("write failed", "err", err)
@@ -513,10 +513,9 @@ func (fs *FS) Fsync(cancel <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
 	return fs.commit(cancel, h)
 }
 
-// commit uploads at close and fsync. It ignores FUSE_INTERRUPT: the kernel
-// interrupts a FLUSH whenever the closing thread gets any signal (Go's
-// runtime sends SIGURG for preemption all the time), and answering EINTR
-// would tell the application its close failed while the data lands anyway.
+// commit uploads at close and fsync, to its end whatever signal the
+// caller gets (see reqContext): answering EINTR would tell the application
+// its close failed while the data lands anyway.
 func (fs *FS) commit(_ <-chan struct{}, h *handle) fuse.Status {
 	if err := h.of.commit(fs.ctx); err != nil {
 		fs.log.Warn("commit failed", "err", err)
@@ -528,7 +527,7 @@ func (fs *FS) commit(_ <-chan struct{}, h *handle) fuse.Status {
 	return fuse.OK
 }
 
-func (fs *FS) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
+func (fs *FS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
 	fs.mu.Lock()
 	h := fs.dropHandleLocked(in.Fh)
 	fs.mu.Unlock()

@@ -123,35 +123,20 @@ func (fs *FS) SetDebug(bool) {}
 // INIT itself.
 func (fs *FS) Init(*fuse.Server) {}
 
-// reqContext turns a request's cancel channel (closed on FUSE_INTERRUPT)
-// into a context. Only requests that change nothing use it: see
-// changeContext.
-func (fs *FS) reqContext(cancel <-chan struct{}) (context.Context, context.CancelFunc) {
-	ctx, cf := context.WithCancel(fs.ctx)
-	if cancel != nil {
-		go func() {
-			select {
-			case <-cancel:
-				cf()
-			case <-ctx.Done():
-			}
-		}()
-	}
-	return ctx, cf
-}
-
-// changeContext is the context of a request that changes the store. It
-// ignores FUSE_INTERRUPT: the kernel sends one whenever the calling thread
-// gets any signal (a Go program's runtime sends SIGURG to preempt, so a
-// good share of its slower requests are interrupted), and a change
-// abandoned on the way may have reached the store all the same. Answering
-// EINTR then tells the application it did not happen, and the retry the Go
-// runtime (and many C programs) makes at once finds it done: mkdir fails
-// with EEXIST, unlink and rename with ENOENT. Measured before this: 39 of
-// 500 os.Mkdir calls of a Go program on Azurite failed with EEXIST. The
-// kernel still waits for the answer, and SIGKILL still ends the caller;
-// the store's retry budget bounds how long a change can take.
-func (fs *FS) changeContext() (context.Context, context.CancelFunc) {
+// reqContext is the context of a request: it ends with the file system
+// only. Requests run to their end whatever signal their caller gets: the
+// session answers the kernel's first FUSE_INTERRUPT with ENOSYS, after
+// which it sends none (Session.refuseInterrupt), as for libfuse file
+// systems mounted without -o intr. The kernel sends one whenever the
+// calling thread gets any signal (the Go runtime sends SIGURG to preempt),
+// and a request abandoned on it answered EINTR: a change may have reached
+// the store all the same, and the retry the Go runtime (and many C
+// programs) makes at once then found it done: mkdir failed with EEXIST,
+// unlink and rename with ENOENT (39 of 500 os.Mkdir calls of a Go program
+// on Azurite). A lookup or read slower than the signals' interval failed
+// over and over. SIGKILL still ends the caller at once; the store's retry
+// budget bounds how long a request can take.
+func (fs *FS) reqContext() (context.Context, context.CancelFunc) {
 	return context.WithCancel(fs.ctx)
 }
 
@@ -387,7 +372,7 @@ func (fs *FS) listedDir(dir *node, name, path string) *node {
 
 // --- FUSE operations: names and attributes ------------------------------
 
-func (fs *FS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+func (fs *FS) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
 	dir, dirPath, st := fs.node(h.NodeId)
 	if !st.Ok() {
 		return st
@@ -402,7 +387,7 @@ func (fs *FS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out 
 		// Such a name cannot exist in the store.
 		return fuse.ENOENT
 	}
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.reqContext()
 	defer cf()
 	n, err := fs.resolve(ctx, dir, dirPath, name)
 	if errors.Is(err, blobstore.ErrNotFound) {
@@ -431,7 +416,7 @@ func (fs *FS) Forget(nodeid, nlookup uint64) {
 	fs.nodes.forget(nodeid, nlookup)
 }
 
-func (fs *FS) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
+func (fs *FS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
 	fs.mu.Lock()
 	n := fs.nodes.get(in.NodeId)
 	if n == nil {
@@ -447,7 +432,7 @@ func (fs *FS) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.Attr
 	}
 	fs.mu.Unlock()
 
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.reqContext()
 	defer cf()
 	a, err := fs.store.Stat(ctx, path)
 	if err != nil {
@@ -469,7 +454,7 @@ func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) 
 	if n == nil {
 		return st
 	}
-	ctx, cf := fs.changeContext()
+	ctx, cf := fs.reqContext()
 	defer cf()
 
 	fs.mu.Lock()
@@ -583,7 +568,7 @@ func (fs *FS) setMtimeInStore(ctx context.Context, path string, mtime time.Time,
 	return fs.store.SetMetadata(ctx, path, md, blobstore.Conditions{IfMatch: a.ETag})
 }
 
-func (fs *FS) StatFs(cancel <-chan struct{}, h *fuse.InHeader, out *fuse.StatfsOut) fuse.Status {
+func (fs *FS) StatFs(_ <-chan struct{}, h *fuse.InHeader, out *fuse.StatfsOut) fuse.Status {
 	// A container has no fixed capacity: report a large, constant one so
 	// that tools checking free space proceed.
 	const blocks = 1 << 40
@@ -595,7 +580,7 @@ func (fs *FS) StatFs(cancel <-chan struct{}, h *fuse.InHeader, out *fuse.StatfsO
 	return fuse.OK
 }
 
-func (fs *FS) Access(cancel <-chan struct{}, in *fuse.AccessIn) fuse.Status {
+func (fs *FS) Access(_ <-chan struct{}, in *fuse.AccessIn) fuse.Status {
 	if in.Mask&fuse.W_OK != 0 && fs.opts.ReadOnly {
 		return fuse.EROFS
 	}
@@ -606,31 +591,31 @@ func (fs *FS) Access(cancel <-chan struct{}, in *fuse.AccessIn) fuse.Status {
 // asking (each call then fails with EOPNOTSUPP at once): otherwise it asks
 // for security.capability before the first write to every file, one more
 // round trip per file written.
-func (fs *FS) GetXAttr(cancel <-chan struct{}, h *fuse.InHeader, attr string, dest []byte) (uint32, fuse.Status) {
+func (fs *FS) GetXAttr(_ <-chan struct{}, h *fuse.InHeader, attr string, dest []byte) (uint32, fuse.Status) {
 	return 0, fuse.ENOSYS
 }
 
-func (fs *FS) ListXAttr(cancel <-chan struct{}, h *fuse.InHeader, dest []byte) (uint32, fuse.Status) {
+func (fs *FS) ListXAttr(_ <-chan struct{}, h *fuse.InHeader, dest []byte) (uint32, fuse.Status) {
 	return 0, fuse.ENOSYS
 }
 
-func (fs *FS) SetXAttr(cancel <-chan struct{}, in *fuse.SetXAttrIn, attr string, data []byte) fuse.Status {
+func (fs *FS) SetXAttr(_ <-chan struct{}, in *fuse.SetXAttrIn, attr string, data []byte) fuse.Status {
 	return fuse.ENOSYS
 }
 
-func (fs *FS) RemoveXAttr(cancel <-chan struct{}, h *fuse.InHeader, attr string) fuse.Status {
+func (fs *FS) RemoveXAttr(_ <-chan struct{}, h *fuse.InHeader, attr string) fuse.Status {
 	return fuse.ENOSYS
 }
 
-func (fs *FS) Link(cancel <-chan struct{}, in *fuse.LinkIn, name string, out *fuse.EntryOut) fuse.Status {
+func (fs *FS) Link(_ <-chan struct{}, in *fuse.LinkIn, name string, out *fuse.EntryOut) fuse.Status {
 	return fuse.EPERM // blobs cannot share content
 }
 
-func (fs *FS) Fallocate(cancel <-chan struct{}, in *fuse.FallocateIn) fuse.Status {
+func (fs *FS) Fallocate(_ <-chan struct{}, in *fuse.FallocateIn) fuse.Status {
 	return fuse.ENOTSUP
 }
 
-func (fs *FS) Tmpfile(cancel <-chan struct{}, in *fuse.CreateIn, out *fuse.CreateOut) fuse.Status {
+func (fs *FS) Tmpfile(_ <-chan struct{}, in *fuse.CreateIn, out *fuse.CreateOut) fuse.Status {
 	return fuse.ENOTSUP
 }
 

@@ -77,7 +77,7 @@ func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.
 	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
 		return st
 	}
-	ctx, cf := fs.changeContext()
+	ctx, cf := fs.reqContext()
 	defer cf()
 	fs.crashPoint("mkdir", "begin", name)
 	resent, isResent := fs.resentIntent(&in.InHeader, dir.id, 0, name, "")
@@ -139,7 +139,7 @@ func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.
 	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
 		return st
 	}
-	ctx, cf := fs.changeContext()
+	ctx, cf := fs.reqContext()
 	defer cf()
 	fs.crashPoint("mknod", "begin", name)
 	resent, isResent := fs.resentIntent(&in.InHeader, dir.id, 0, name, "")
@@ -172,7 +172,7 @@ func (fs *FS) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name string, 
 	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
 		return st
 	}
-	ctx, cf := fs.changeContext()
+	ctx, cf := fs.reqContext()
 	defer cf()
 	fs.crashPoint("symlink", "begin", name)
 	resent, isResent := fs.resentIntent(h, dir.id, 0, name, "")
@@ -199,7 +199,7 @@ func (fs *FS) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name string, 
 	return fuse.OK
 }
 
-func (fs *FS) Readlink(cancel <-chan struct{}, h *fuse.InHeader) ([]byte, fuse.Status) {
+func (fs *FS) Readlink(_ <-chan struct{}, h *fuse.InHeader) ([]byte, fuse.Status) {
 	n, path, st := fs.node(h.NodeId)
 	if !st.Ok() {
 		return nil, st
@@ -213,7 +213,7 @@ func (fs *FS) Readlink(cancel <-chan struct{}, h *fuse.InHeader) ([]byte, fuse.S
 	if target != "" {
 		return []byte(target), fuse.OK
 	}
-	ctx, cf := fs.reqContext(cancel)
+	ctx, cf := fs.reqContext()
 	defer cf()
 	buf := make([]byte, 4096)
 	got, err := fs.store.ReadAt(ctx, path, buf, 0, "")
@@ -234,7 +234,7 @@ func (fs *FS) Unlink(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Stat
 	if fs.opts.ReadOnly {
 		return fuse.EROFS
 	}
-	ctx, cf := fs.changeContext()
+	ctx, cf := fs.reqContext()
 	defer cf()
 	fs.crashPoint("unlink", "begin", name)
 	resent, isResent := fs.resentIntent(h, dir.id, 0, name, "")
@@ -329,7 +329,7 @@ func (fs *FS) Rmdir(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Statu
 	if fs.opts.ReadOnly {
 		return fuse.EROFS
 	}
-	ctx, cf := fs.changeContext()
+	ctx, cf := fs.reqContext()
 	defer cf()
 	fs.crashPoint("rmdir", "begin", name)
 	resent, isResent := fs.resentIntent(h, dir.id, 0, name, "")
@@ -393,7 +393,7 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 	if st := fs.checkNew(dstDir, dstDirPath, newName); !st.Ok() {
 		return st
 	}
-	ctx, cf := fs.changeContext()
+	ctx, cf := fs.reqContext()
 	defer cf()
 	fs.crashPoint("rename", "begin", oldName)
 	resent, isResent := fs.resentIntent(&in.InHeader, srcDir.id, dstDir.id, oldName, newName)

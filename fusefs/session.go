@@ -387,6 +387,29 @@ func (s *Session) handshake() error {
 	}
 }
 
+// opInterrupt is FUSE_INTERRUPT's opcode.
+const opInterrupt = 36
+
+// refuseInterrupt answers a FUSE_INTERRUPT with ENOSYS, which makes the
+// kernel send no more for this connection (fc->no_interrupt), also to a
+// process that adopts it later: blobfs runs every request to its end (see
+// FS.reqContext), so an interrupt would only cost a request.
+func (s *Session) refuseInterrupt(req []byte) error {
+	var msg [16]byte
+	putLeUint32(msg[0:], 16)
+	errno := -int32(syscall.ENOSYS)
+	putLeUint32(msg[4:], uint32(errno))
+	copy(msg[8:16], req[8:16]) // the interrupt's own unique
+	_, err := syscall.Write(s.fd, msg[:])
+	if err == syscall.ENOENT {
+		return nil // the interrupted request is answered already: asked again
+	}
+	if err == nil {
+		s.opts.Logger.Debug("FUSE_INTERRUPT refused: the kernel sends no more")
+	}
+	return err
+}
+
 func leUint32(b []byte) uint32 {
 	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
 }
@@ -396,6 +419,9 @@ func leUint32(b []byte) uint32 {
 // bytes there (pinnedRange.Readv), and they are written from the cache's
 // blocks after the header in out.
 func (s *Session) reply(req, out []byte, slot *replySlot) error {
+	if len(req) >= 16 && leUint32(req[4:8]) == opInterrupt {
+		return s.refuseInterrupt(req)
+	}
 	n, st := s.server.HandleRequest([][]byte{req}, [][]byte{out})
 	var iov [][]byte
 	if slot != nil && slot.pending != nil {

@@ -10,9 +10,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The restart tests' applications: the test binary run again with
@@ -30,6 +33,12 @@ import (
 // of every file it left, by name relative to the mount. Any error ends it
 // at once with exit status 1 and no manifest.
 //
+// signalled (BLOBFS_TEST_APP=signalled) makes, renames and removes
+// directories and files in BLOBFS_TEST_APP_DIR, BLOBFS_TEST_APP_N times,
+// while a goroutine sends the thread making them SIGURG every 100 µs (as
+// the Go runtime does to preempt, only more often), so that most of its
+// requests are interrupted on their way; any error ends it.
+//
 // stream (BLOBFS_TEST_APP=stream) reads BLOBFS_TEST_APP_FILE from start to
 // end over and over, comparing with its sha256 (BLOBFS_TEST_APP_SHA256).
 const appEnv = "BLOBFS_TEST_APP"
@@ -41,6 +50,8 @@ func runTestApp() int {
 		err = churn()
 	case "stream":
 		err = stream()
+	case "signalled":
+		err = signalled()
 	default:
 		err = fmt.Errorf("unknown app %q", os.Getenv(appEnv))
 	}
@@ -257,4 +268,45 @@ func stream() error {
 func unixFadviseDontNeed(f *os.File) {
 	const fadvDontNeed = 4
 	syscall.Syscall6(syscall.SYS_FADVISE64, f.Fd(), 0, 0, fadvDontNeed, 0, 0)
+}
+
+func signalled() error {
+	dir := os.Getenv("BLOBFS_TEST_APP_DIR")
+	n, _ := strconv.Atoi(os.Getenv("BLOBFS_TEST_APP_N"))
+	// The changes run on one locked thread, which the ticker signals:
+	// a signal sent to the process would mostly go to another thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	tid := unix.Gettid()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		t := time.NewTicker(100 * time.Microsecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				unix.Tgkill(os.Getpid(), tid, unix.SIGURG)
+			}
+		}
+	}()
+	for i := range n {
+		d, r := filepath.Join(dir, fmt.Sprintf("d%d", i)), filepath.Join(dir, fmt.Sprintf("r%d", i))
+		f, g := filepath.Join(dir, fmt.Sprintf("f%d", i)), filepath.Join(dir, fmt.Sprintf("g%d", i))
+		for _, step := range []func() error{
+			func() error { return os.Mkdir(d, 0o755) },
+			func() error { return os.Rename(d, r) },
+			func() error { return os.WriteFile(f, []byte("content"), 0o644) },
+			func() error { return os.Rename(f, g) },
+			func() error { return os.Remove(g) },
+			func() error { return os.Remove(r) },
+		} {
+			if err := step(); err != nil {
+				return fmt.Errorf("round %d: %w", i, err)
+			}
+		}
+	}
+	return nil
 }
