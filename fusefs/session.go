@@ -400,14 +400,15 @@ func (s *Session) refuseInterrupt(req []byte) error {
 	errno := -int32(syscall.ENOSYS)
 	putLeUint32(msg[4:], uint32(errno))
 	copy(msg[8:16], req[8:16]) // the interrupt's own unique
-	_, err := syscall.Write(s.fd, msg[:])
-	if err == syscall.ENOENT {
-		return nil // the interrupted request is answered already: asked again
-	}
-	if err == nil {
+	// No error here ends the session: ENOENT means the interrupted
+	// request was answered first, and the kernel will ask again with the
+	// next interrupt; any other costs no more than that.
+	if _, err := syscall.Write(s.fd, msg[:]); err != nil {
+		s.opts.Logger.Debug("FUSE_INTERRUPT refusal not taken", "err", err)
+	} else {
 		s.opts.Logger.Debug("FUSE_INTERRUPT refused: the kernel sends no more")
 	}
-	return err
+	return nil
 }
 
 func leUint32(b []byte) uint32 {
