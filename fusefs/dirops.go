@@ -194,7 +194,7 @@ func (fs *FS) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fus
 // loadDir fills the handle's snapshot when the stream starts (offset 0,
 // also after rewinddir). Offsets are positions in the snapshot, so a
 // listing that changes meanwhile never makes the stream skip or repeat.
-func (fs *FS) loadDir(_ <-chan struct{}, h *handle, off uint64) fuse.Status {
+func (fs *FS) loadDir(h *handle, off uint64) fuse.Status {
 	if h.dirLoaded && off != 0 {
 		return fuse.OK
 	}
@@ -228,14 +228,14 @@ func modeOf(k nodeKind) uint32 {
 	return syscall.S_IFREG
 }
 
-func (fs *FS) ReadDir(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+func (fs *FS) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
 	h := fs.handle(in.Fh)
 	if h == nil {
 		return fuse.EBADF
 	}
 	h.dirMu.Lock()
 	defer h.dirMu.Unlock()
-	if st := fs.loadDir(cancel, h, in.Offset); !st.Ok() {
+	if st := fs.loadDir(h, in.Offset); !st.Ok() {
 		return st
 	}
 	for i := int(in.Offset); i < len(h.dirItems); i++ {
@@ -249,14 +249,14 @@ func (fs *FS) ReadDir(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntr
 
 // ReadDirPlus hands out names with their attributes, so that `ls -l` needs
 // no request per entry. Every entry with a node id is a kernel reference.
-func (fs *FS) ReadDirPlus(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+func (fs *FS) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
 	h := fs.handle(in.Fh)
 	if h == nil {
 		return fuse.EBADF
 	}
 	h.dirMu.Lock()
 	defer h.dirMu.Unlock()
-	if st := fs.loadDir(cancel, h, in.Offset); !st.Ok() {
+	if st := fs.loadDir(h, in.Offset); !st.Ok() {
 		return st
 	}
 	fs.mu.Lock()

@@ -675,6 +675,56 @@ func (s *lateStore) Delete(ctx context.Context, name string, cond blobstore.Cond
 	return s.Store.Delete(ctx, name, cond)
 }
 
+// dyingFirstRun starts the first of two processes sharing state, over
+// held: its run of request dies (runtime.Goexit) at crash point die, right
+// after the request held has been sent. It returns once that request is on
+// its way, with the first FS and a channel closed when the run has ended.
+func dyingFirstRun(t *testing.T, state *os.File, held *lateStore, die string, request func(first *FS)) (*FS, <-chan struct{}) {
+	t.Helper()
+	held.sent, held.land = make(chan struct{}), make(chan struct{})
+	first, err := New(held, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.SaveInit(fakeInit()); err != nil {
+		t.Fatal(err)
+	}
+	// The first process runs nothing after the crash point: it is dead.
+	first.crashHook = func(where string) {
+		if where == die {
+			runtime.Goexit()
+		}
+	}
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		request(first)
+		t.Errorf("the first run answered; it should have died at %s", die)
+	}()
+	<-held.sent
+	return first, ended
+}
+
+// successor starts the process that adopts state after the first died;
+// the caller closes it.
+func successor(t *testing.T, store blobstore.Store, state *os.File) *FS {
+	t.Helper()
+	second, err := New(store, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return second
+}
+
+// lookUpOthers has fs look up names that do not exist in the root, as
+// other applications do: the second lookup lists the root.
+func lookUpOthers(fs *FS) {
+	var entry fuse.EntryOut
+	for _, name := range []string{"other-1", "other-2"} {
+		fs.Lookup(nil, &fuse.InHeader{NodeId: 1}, name, &entry)
+	}
+}
+
 // TestResentMkdirWhosePutLandsLate: the serving process dies with its
 // mkdir's Put on its way; its successor lists the directory (the name is
 // not there yet), then the Put lands, then the kernel resends the mkdir.
@@ -687,41 +737,17 @@ func TestResentMkdirWhosePutLandsLate(t *testing.T) {
 	}
 	defer state.Close()
 	store := blobstore.NewMemory()
-	held := &lateStore{Store: store, op: blobstore.OpPut, name: "late", sent: make(chan struct{}), land: make(chan struct{})}
-	first, err := New(held, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.SaveInit(fakeInit()); err != nil {
-		t.Fatal(err)
-	}
-	// The first process runs nothing after its Put: it is dead.
-	first.crashHook = func(where string) {
-		if where == "mkdir/store/late" {
-			runtime.Goexit()
-		}
-	}
+	held := &lateStore{Store: store, op: blobstore.OpPut, name: "late"}
 	const opMkdir = 9
-	firstRun := make(chan struct{})
-	go func() {
-		defer close(firstRun)
+	first, firstRun := dyingFirstRun(t, state, held, "mkdir/store/late", func(first *FS) {
 		var out fuse.EntryOut
 		first.Mkdir(nil, &fuse.MkdirIn{InHeader: fuse.InHeader{NodeId: 1, Unique: 60, Opcode: opMkdir}}, "late", &out)
-		t.Error("the first run answered its mkdir; it should have died after its Put")
-	}()
-	<-held.sent
+	})
 
-	second, err := New(store, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	second := successor(t, store, state)
 	defer second.Close()
-	// Lookups of other names, as other applications make them, have the
-	// successor list the root while the Put is still on its way.
-	var entry fuse.EntryOut
-	for _, name := range []string{"other-1", "other-2"} {
-		second.Lookup(nil, &fuse.InHeader{NodeId: 1}, name, &entry)
-	}
+	// The successor lists the root while the Put is still on its way.
+	lookUpOthers(second)
 	if _, found, ok := second.lists.lookup("", "late"); !ok || found {
 		t.Fatalf("root listing before the Put landed: ok=%v found=%v, want a listing without the name", ok, found)
 	}
@@ -759,41 +785,16 @@ func TestResentRenameWhoseDeleteLandsLate(t *testing.T) {
 	}
 	defer state.Close()
 	store := blobstore.NewMemory()
-	ctx := context.Background()
-	if _, err := store.Put(ctx, "from", []byte("moved"), blobstore.PutOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	held := &lateStore{Store: store, op: blobstore.OpDelete, name: "from", sent: make(chan struct{}), land: make(chan struct{})}
-	first, err := New(held, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.SaveInit(fakeInit()); err != nil {
-		t.Fatal(err)
-	}
-	first.crashHook = func(where string) {
-		if where == "rename/store/from" {
-			runtime.Goexit()
-		}
-	}
+	putBlob(t, store, "from", []byte("moved"), nil)
+	held := &lateStore{Store: store, op: blobstore.OpDelete, name: "from"}
 	in := fuse.RenameIn{InHeader: fuse.InHeader{NodeId: 1, Unique: 70, Opcode: opRename}, Newdir: 1}
-	firstRun := make(chan struct{})
-	go func() {
-		defer close(firstRun)
+	first, firstRun := dyingFirstRun(t, state, held, "rename/store/from", func(first *FS) {
 		first.Rename(nil, &in, "from", "to")
-		t.Error("the first run answered its rename; it should have died after its Delete")
-	}()
-	<-held.sent
+	})
 
-	second, err := New(store, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	second := successor(t, store, state)
 	defer second.Close()
-	var entry fuse.EntryOut
-	for _, name := range []string{"other-1", "other-2"} {
-		second.Lookup(nil, &fuse.InHeader{NodeId: 1}, name, &entry)
-	}
+	lookUpOthers(second)
 	if _, found, ok := second.lists.lookup("", "from"); !ok || !found {
 		t.Fatalf("root listing before the Delete landed: ok=%v found=%v, want a listing with the source", ok, found)
 	}
@@ -809,7 +810,7 @@ func TestResentRenameWhoseDeleteLandsLate(t *testing.T) {
 	wantNoBlob(t, store, "from")
 	wantBlob(t, store, "to", []byte("moved"))
 	// Lookups answer from the tables and the listing the rename updated.
-	entry = fuse.EntryOut{}
+	var entry fuse.EntryOut
 	if st := second.Lookup(nil, &fuse.InHeader{NodeId: 1}, "from", &entry); st.Ok() && entry.NodeId != 0 {
 		t.Fatalf("lookup of the old name after the resent rename: %v node %d, want no such name", st, entry.NodeId)
 	}
@@ -843,31 +844,12 @@ func TestResentDirRenameWhoseDeleteLandsLate(t *testing.T) {
 	}
 	defer state.Close()
 	store := blobstore.NewMemory()
-	ctx := context.Background()
-	if _, err := store.Put(ctx, "fromdir/inside", []byte("inside"), blobstore.PutOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	held := &lateStore{Store: store, op: blobstore.OpDelete, name: "fromdir/inside", sent: make(chan struct{}), land: make(chan struct{})}
-	first, err := New(held, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.SaveInit(fakeInit()); err != nil {
-		t.Fatal(err)
-	}
-	first.crashHook = func(where string) {
-		if where == "rename/store/fromdir" {
-			runtime.Goexit()
-		}
-	}
+	putBlob(t, store, "fromdir/inside", []byte("inside"), nil)
+	held := &lateStore{Store: store, op: blobstore.OpDelete, name: "fromdir/inside"}
 	in := fuse.RenameIn{InHeader: fuse.InHeader{NodeId: 1, Unique: 71, Opcode: opRename}, Newdir: 1}
-	firstRun := make(chan struct{})
-	go func() {
-		defer close(firstRun)
+	first, firstRun := dyingFirstRun(t, state, held, "rename/store/fromdir", func(first *FS) {
 		first.Rename(nil, &in, "fromdir", "todir")
-		t.Error("the first run answered its rename; it should have died after its Deletes")
-	}()
-	<-held.sent
+	})
 
 	// The held Delete lands once the successor has listed the source
 	// directory and is about to copy the blob.
@@ -879,10 +861,7 @@ func TestResentDirRenameWhoseDeleteLandsLate(t *testing.T) {
 			<-firstRun
 		}
 	}}
-	second, err := New(successorStore, Options{CacheDir: t.TempDir(), State: state, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	second := successor(t, successorStore, state)
 	defer second.Close()
 
 	in.Unique |= resendBit

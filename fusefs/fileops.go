@@ -497,26 +497,26 @@ func (fs *FS) Write(_ <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, f
 
 // Flush runs at every close(2): this is where upload errors reach the
 // application.
-func (fs *FS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Status {
+func (fs *FS) Flush(_ <-chan struct{}, in *fuse.FlushIn) fuse.Status {
 	h := fs.handle(in.Fh)
 	if h == nil || h.of == nil {
 		return fuse.EBADF
 	}
-	return fs.commit(cancel, h)
+	return fs.commit(h)
 }
 
-func (fs *FS) Fsync(cancel <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
+func (fs *FS) Fsync(_ <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
 	h := fs.handle(in.Fh)
 	if h == nil || h.of == nil {
 		return fuse.EBADF
 	}
-	return fs.commit(cancel, h)
+	return fs.commit(h)
 }
 
 // commit uploads at close and fsync, to its end whatever signal the
 // caller gets (see reqContext): answering EINTR would tell the application
 // its close failed while the data lands anyway.
-func (fs *FS) commit(_ <-chan struct{}, h *handle) fuse.Status {
+func (fs *FS) commit(h *handle) fuse.Status {
 	if err := h.of.commit(fs.ctx); err != nil {
 		fs.log.Warn("commit failed", "err", err)
 		if errors.Is(err, blobstore.ErrPreconditionFailed) || errors.Is(err, blobstore.ErrAlreadyExists) {

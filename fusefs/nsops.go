@@ -39,11 +39,6 @@ func (fs *FS) newChild(dir *node, dirPath, name string, e dirEntry, out *fuse.En
 // the answer is the entry the first reply carried. ok is false when the
 // request must fail with EEXIST after all.
 func (fs *FS) resentMade(ctx context.Context, it intent, dir *node, dirPath, name string, kind nodeKind, out *fuse.EntryOut) (ok bool) {
-	// The caller knows the name is in the store (it resolved it, or its
-	// Put found it there). A cached listing without it was fetched before
-	// the dead process's Put landed; resolving through it would answer
-	// EEXIST for the first run's own work.
-	fs.foundInStore(dirPath, name)
 	n, err := fs.resolve(ctx, dir, dirPath, name)
 	if err != nil || n.kind != kind {
 		return false
@@ -95,11 +90,11 @@ func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.
 	if err != nil {
 		// The first run's Put may reach the store after its process
 		// died, while this one looked: the marker is then ours.
-		if isResent && errors.Is(err, blobstore.ErrAlreadyExists) && fs.resentMade(ctx, resent, dir, dirPath, name, kindDir, out) {
-			return fuse.OK
-		}
 		if errors.Is(err, blobstore.ErrAlreadyExists) {
 			fs.foundInStore(dirPath, name)
+			if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, kindDir, out) {
+				return fuse.OK
+			}
 		}
 		fs.dropIntent(intent)
 		return toStatus(err)
@@ -117,7 +112,9 @@ func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.
 // conditional Put found it there): a cached listing of dirPath without it
 // is out of date, and is dropped so that the next lookup asks the store.
 // Kept, it would answer ENOENT for the name that EEXIST was just answered
-// for.
+// for, and a resent request whose first run's Put landed after the listing
+// was fetched would resolve the name through it and answer EEXIST for its
+// own work (resentMade).
 func (fs *FS) foundInStore(dirPath, name string) {
 	if _, found, listed := fs.lists.lookup(dirPath, name); listed && !found {
 		fs.lists.invalidate(dirPath)
@@ -146,11 +143,11 @@ func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.
 	intent := fs.beginIntent(&in.InHeader, dir.id, 0, name, "")
 	a, err := fs.store.Put(ctx, joinPath(dirPath, name), nil, blobstore.PutOptions{Conditions: blobstore.Conditions{IfNoneMatch: true}})
 	if err != nil {
-		if isResent && errors.Is(err, blobstore.ErrAlreadyExists) && fs.resentMade(ctx, resent, dir, dirPath, name, kindFile, out) {
-			return fuse.OK
-		}
 		if errors.Is(err, blobstore.ErrAlreadyExists) {
 			fs.foundInStore(dirPath, name)
+			if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, kindFile, out) {
+				return fuse.OK
+			}
 		}
 		fs.dropIntent(intent)
 		return toStatus(err)
@@ -182,11 +179,11 @@ func (fs *FS) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name string, 
 		Conditions: blobstore.Conditions{IfNoneMatch: true},
 	})
 	if err != nil {
-		if isResent && errors.Is(err, blobstore.ErrAlreadyExists) && fs.resentMade(ctx, resent, dir, dirPath, name, kindSymlink, out) {
-			return fuse.OK
-		}
 		if errors.Is(err, blobstore.ErrAlreadyExists) {
 			fs.foundInStore(dirPath, name)
+			if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, kindSymlink, out) {
+				return fuse.OK
+			}
 		}
 		fs.dropIntent(intent)
 		return toStatus(err)
