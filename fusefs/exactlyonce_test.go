@@ -656,22 +656,38 @@ type lateStore struct {
 	name string
 	sent chan struct{} // closed when the held request is on its way
 	land chan struct{} // closed by the test to let it reach the store
+	// dieAfter ends the goroutine that sent the held request once it has
+	// landed (runtime.Goexit): the process died with the request on its
+	// way and sends nothing after it.
+	dieAfter bool
 }
 
-func (s *lateStore) hold(op blobstore.Op, name string) {
+// hold waits for land if op on name is the held request, and tells
+// whether it is.
+func (s *lateStore) hold(op blobstore.Op, name string) bool {
 	if op == s.op && name == s.name {
 		close(s.sent)
 		<-s.land
+		return true
+	}
+	return false
+}
+
+func (s *lateStore) landed(held bool) {
+	if held && s.dieAfter {
+		runtime.Goexit()
 	}
 }
 
 func (s *lateStore) Put(ctx context.Context, name string, data []byte, opts blobstore.PutOptions) (blobstore.Attrs, error) {
-	s.hold(blobstore.OpPut, name)
+	held := s.hold(blobstore.OpPut, name)
+	defer s.landed(held)
 	return s.Store.Put(ctx, name, data, opts)
 }
 
 func (s *lateStore) Delete(ctx context.Context, name string, cond blobstore.Conditions) error {
-	s.hold(blobstore.OpDelete, name)
+	held := s.hold(blobstore.OpDelete, name)
+	defer s.landed(held)
 	return s.Store.Delete(ctx, name, cond)
 }
 
@@ -874,4 +890,44 @@ func TestResentDirRenameWhoseDeleteLandsLate(t *testing.T) {
 	first.Close()
 	wantNoBlob(t, store, "fromdir/inside")
 	wantBlob(t, store, "todir/inside", []byte("inside"))
+}
+
+// TestResentDirRenameOverEmptyDirWhoseDeleteLandsLate: the serving process
+// dies as it replaces an empty directory by renaming another over it, with
+// the Delete of the target's marker on its way. Its successor's resent
+// rename completes the move, putting the target's marker back, and only
+// then does the dead process's Delete land. It must not take the new
+// marker with it: the empty directory the rename made would vanish.
+func TestResentDirRenameOverEmptyDirWhoseDeleteLandsLate(t *testing.T) {
+	state, err := NewState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer state.Close()
+	store := blobstore.NewMemory()
+	putBlob(t, store, "fromdir", nil, folderMeta)
+	putBlob(t, store, "todir", nil, folderMeta)
+	held := &lateStore{Store: store, op: blobstore.OpDelete, name: "todir", dieAfter: true}
+	in := fuse.RenameIn{InHeader: fuse.InHeader{NodeId: 1, Unique: 73, Opcode: opRename}, Newdir: 1}
+	first, firstRun := dyingFirstRun(t, state, held, "none: the held Delete ends the run", func(first *FS) {
+		first.Rename(nil, &in, "fromdir", "todir")
+	})
+
+	second := successor(t, store, state)
+	defer second.Close()
+	in.Unique |= resendBit
+	if st := second.Rename(nil, &in, "fromdir", "todir"); !st.Ok() {
+		t.Fatalf("resent rename over an empty directory: %v, want OK", st)
+	}
+	close(held.land)
+	<-firstRun
+	first.Close()
+	wantNoBlob(t, store, "fromdir")
+	a, err := store.Stat(t.Context(), "todir")
+	if err != nil {
+		t.Fatalf("the directory the rename made lost its marker to the dead process's late Delete: %v", err)
+	}
+	if !metaTrue(a.Metadata, blobstore.MetaIsFolder) {
+		t.Fatalf("todir is no directory marker: %v", a.Metadata)
+	}
 }

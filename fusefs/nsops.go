@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"syscall"
@@ -529,6 +530,39 @@ func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string, 
 	return nil
 }
 
+// deleteDirMarker deletes the marker of the empty directory at path that a
+// rename replaces, on the condition that it is still the marker just seen.
+// Unconditional, a Delete sent by a process that died with it on its way
+// could land after the successor's resent rename had put the marker back,
+// and the directory the rename made would be gone. Each attempt's If-Match
+// names the marker it saw, so a late Delete finds a different one and
+// fails.
+func (fs *FS) deleteDirMarker(ctx context.Context, path string) error {
+	const attempts = 3
+	for i := 1; ; i++ {
+		a, err := fs.store.Stat(ctx, path)
+		if errors.Is(err, blobstore.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !metaTrue(a.Metadata, blobstore.MetaIsFolder) {
+			// Replaced by a file since the checks: not ours to delete.
+			return fmt.Errorf("replace %q: %w: no longer a directory", path, blobstore.ErrAlreadyExists)
+		}
+		err = fs.store.Delete(ctx, path, blobstore.Conditions{IfMatch: a.ETag})
+		if err == nil || errors.Is(err, blobstore.ErrNotFound) {
+			return nil
+		}
+		// A new marker came between the Stat and the Delete (a resent
+		// run's own, or another client's mkdir): look again.
+		if !errors.Is(err, blobstore.ErrPreconditionFailed) || i == attempts {
+			return err
+		}
+	}
+}
+
 // renameDir moves every blob under srcPath, and its marker. It is not
 // atomic: a failure half-way leaves both trees partly populated and is
 // reported; running the rename again completes it. resent is set for a
@@ -550,7 +584,7 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 		}
 	}
 	if replaceEmpty {
-		if err := fs.store.Delete(ctx, dstPath, blobstore.Conditions{}); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
+		if err := fs.deleteDirMarker(ctx, dstPath); err != nil {
 			return err
 		}
 	}
