@@ -31,7 +31,7 @@ func (r *runner) seqRead(ctx context.Context) Row {
 	contenders := r.clientSides(func(ctx context.Context, c client) (time.Duration, error) {
 		return r.withMount(ctx, c, func(dir string) (time.Duration, error) {
 			clear(dst)
-			r.dropCaches()
+			r.settle()
 			start := time.Now()
 			if err := readFileInto(ctx, joinPath(dir, name), dst); err != nil {
 				return 0, err
@@ -61,7 +61,7 @@ func (r *runner) seqWrite(ctx context.Context) Row {
 		name := fmt.Sprintf("write-%s-%d.bin", c.name, r.unique())
 		defer r.az.delete(context.Background(), name)
 		d, err := r.withMount(ctx, c, func(dir string) (time.Duration, error) {
-			r.dropCaches()
+			r.settle()
 			return r.timeUntilDurable(ctx, c.name, func(interrupted *int) error {
 				return countInterrupted(writeFileFrom(ctx, joinPath(dir, name), data), interrupted)
 			}, func(ctx context.Context) (bool, error) {
@@ -164,7 +164,7 @@ func (r *runner) smallCreate(ctx context.Context) Row {
 			if err := os.Mkdir(joinPath(mnt, dir), 0o755); err != nil {
 				return 0, err
 			}
-			r.dropCaches()
+			r.settle()
 			return r.timeUntilDurable(ctx, c.name, func(interrupted *int) error {
 				for i := range n {
 					err := createFile(joinPath(mnt, smallName(dir, i)), r.smallContent(all, i))
@@ -248,7 +248,7 @@ func (r *runner) smallList(ctx context.Context) Row {
 	}
 	contenders := r.clientSides(func(ctx context.Context, c client) (time.Duration, error) {
 		return r.withMount(ctx, c, func(mnt string) (time.Duration, error) {
-			r.dropCaches()
+			r.settle()
 			dir := joinPath(mnt, smallSetDir)
 			start := time.Now()
 			entries, err := os.ReadDir(dir)
@@ -308,7 +308,7 @@ func (r *runner) smallRead(ctx context.Context) Row {
 	}
 	contenders := r.clientSides(func(ctx context.Context, c client) (time.Duration, error) {
 		return r.withMount(ctx, c, func(mnt string) (time.Duration, error) {
-			r.dropCaches()
+			r.settle()
 			start := time.Now()
 			for i := range n {
 				name := smallName(smallSetDir, i)

@@ -91,7 +91,7 @@ func (r *runner) faultyRead(ctx context.Context) Row {
 	contenders := []side{{name: blobfsName, run: func(ctx context.Context) (time.Duration, error) {
 		return r.withInProcess(store, func(dir string) (time.Duration, error) {
 			clear(dst)
-			r.dropCaches()
+			r.settle()
 			start := time.Now()
 			if err := readFileInto(ctx, filepath.Join(dir, name), dst); err != nil {
 				return 0, err
@@ -171,7 +171,7 @@ func (r *runner) faultyWrite(ctx context.Context) Row {
 		name := fmt.Sprintf("blobfs-%d.bin", r.unique())
 		defer mem.Delete(context.Background(), name, blobstore.Conditions{})
 		return r.withInProcess(store, func(dir string) (time.Duration, error) {
-			r.dropCaches()
+			r.settle()
 			d, err := r.timeUntilDurable(ctx, blobfsName, func(interrupted *int) error {
 				return countInterrupted(writeFileFrom(ctx, filepath.Join(dir, name), data), interrupted)
 			}, durable(name))
@@ -253,7 +253,7 @@ func (r *runner) fuseOverhead(ctx context.Context) Row {
 	contenders := []side{{name: blobfsName, run: func(ctx context.Context) (time.Duration, error) {
 		return r.withInProcess(mem, func(dir string) (time.Duration, error) {
 			clear(dst)
-			r.dropCaches()
+			r.settle()
 			start := time.Now()
 			if err := readFileInto(ctx, filepath.Join(dir, name), dst); err != nil {
 				return 0, err
@@ -338,7 +338,7 @@ func (r *runner) memory(ctx context.Context) Row {
 			}
 		}
 	}()
-	r.dropCaches()
+	r.settle()
 	start := time.Now()
 	n, err := streamFile(ctx, filepath.Join(dir, name))
 	d := time.Since(start)

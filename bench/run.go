@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -200,9 +201,23 @@ func randomBytes(n int64, seed uint64) []byte {
 	return b
 }
 
-// dropCaches writes back dirty pages and drops the page cache, dentries
-// and inodes, so that what follows reads from the store, not from memory.
-func (r *runner) dropCaches() {
+// settle runs before every timed phase, of either side. It collects this
+// process's garbage, so that a phase does not pay for the memory of the
+// ones before it; then it writes back dirty pages and drops the page
+// cache, dentries and inodes, so that what follows reads from the store,
+// not from memory.
+//
+// Why the collection: after the Azurite figures this process holds
+// gigabytes (the 1 GiB files and their buffers), so its heap goal is large
+// and the collector seldom runs. A faulty-* repetition then got fresh
+// pages for the fake store's blob copies instead of the last repetition's
+// freed ones, and fresh pages are expensive to fault in on these machines
+// (the in-memory store's copies took 6 of 18 CPU seconds of such a run,
+// pprof). Run after seq-read, one direct faulty-write repetition in three
+// took 0.99-1.00 s against 0.58-0.60 s; collected first, all took
+// 0.58-0.59 s.
+func (r *runner) settle() {
+	runtime.GC()
 	if !r.cfg.DropCaches || r.dropErr != nil {
 		return
 	}
@@ -253,7 +268,7 @@ func (r *runner) compare(ctx context.Context, fig, kind string, value func(time.
 				return 0, fmt.Errorf("%s %s: %w", kind, s.name, err)
 			}
 		}
-		r.dropCaches()
+		r.settle()
 		start := time.Now()
 		if err := s.run(ctx); err != nil {
 			return 0, fmt.Errorf("%s %s: %w", kind, s.name, err)
