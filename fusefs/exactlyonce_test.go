@@ -931,3 +931,63 @@ func TestResentDirRenameOverEmptyDirWhoseDeleteLandsLate(t *testing.T) {
 		t.Fatalf("todir is no directory marker: %v", a.Metadata)
 	}
 }
+
+// TestDeleteDirMarkerLeavesOthers: the marker deletion of a rename over an
+// empty directory deletes nothing that is not a directory marker, nor a
+// marker that changed after it looked.
+func TestDeleteDirMarkerLeavesOthers(t *testing.T) {
+	store := blobstore.NewMemory()
+	fs, err := New(store, Options{CacheDir: t.TempDir(), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fs.Close()
+	putBlob(t, store, "file", []byte("data"), nil)
+	if err := fs.deleteDirMarker(t.Context(), "file"); !errors.Is(err, syscall.ENOTDIR) {
+		t.Fatalf("deleting a directory marker that is a file: %v, want ENOTDIR", err)
+	}
+	wantBlob(t, store, "file", []byte("data"))
+
+	// Each Stat sees a marker that is replaced before the Delete.
+	racing := &statHookStore{Store: store, afterStat: func(name string) {
+		putBlob(t, store, name, nil, folderMeta)
+	}}
+	putBlob(t, store, "dir", nil, folderMeta)
+	fs2, err := New(racing, Options{CacheDir: t.TempDir(), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fs2.Close()
+	if err := fs2.deleteDirMarker(t.Context(), "dir"); !errors.Is(err, blobstore.ErrPreconditionFailed) {
+		t.Fatalf("deleting a marker replaced after every look: %v, want ErrPreconditionFailed", err)
+	}
+	if racing.stats != 3 {
+		t.Fatalf("%d looks, want 3 attempts", racing.stats)
+	}
+	if _, err := store.Stat(t.Context(), "dir"); err != nil {
+		t.Fatalf("the marker that came in between was deleted: %v", err)
+	}
+	if err := fs.deleteDirMarker(t.Context(), "dir"); err != nil {
+		t.Fatalf("deleting an unchanged marker: %v", err)
+	}
+	wantNoBlob(t, store, "dir")
+	if err := fs.deleteDirMarker(t.Context(), "dir"); err != nil {
+		t.Fatalf("deleting a marker already gone: %v, want nil", err)
+	}
+}
+
+// statHookStore calls afterStat after each Stat that finds a blob.
+type statHookStore struct {
+	blobstore.Store
+	afterStat func(name string)
+	stats     int
+}
+
+func (s *statHookStore) Stat(ctx context.Context, name string) (blobstore.Attrs, error) {
+	a, err := s.Store.Stat(ctx, name)
+	if err == nil {
+		s.stats++
+		s.afterStat(name)
+	}
+	return a, err
+}

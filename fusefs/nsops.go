@@ -549,7 +549,7 @@ func (fs *FS) deleteDirMarker(ctx context.Context, path string) error {
 		}
 		if !metaTrue(a.Metadata, blobstore.MetaIsFolder) {
 			// Replaced by a file since the checks: not ours to delete.
-			return fmt.Errorf("replace %q: %w: no longer a directory", path, blobstore.ErrAlreadyExists)
+			return fmt.Errorf("replace %q: no longer a directory: %w", path, syscall.ENOTDIR)
 		}
 		err = fs.store.Delete(ctx, path, blobstore.Conditions{IfMatch: a.ETag})
 		if err == nil || errors.Is(err, blobstore.ErrNotFound) {
