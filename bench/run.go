@@ -114,6 +114,8 @@ func (r *runner) figure(ctx context.Context, fig string) Row {
 	switch fig {
 	case FigSeqRead:
 		return r.seqRead(ctx)
+	case FigSeqReadWarm:
+		return r.seqReadWarm(ctx)
 	case FigSeqWrite:
 		return r.seqWrite(ctx)
 	case FigSmallCreate:

@@ -84,8 +84,11 @@ type Options struct {
 	State *os.File `json:"-"`
 }
 
+// DefaultBlockCacheBytes is the read block cache's size when
+// Options.BlockCacheBytes is 0.
+const DefaultBlockCacheBytes = 256 << 20
+
 const (
-	defaultBlockCacheBytes   = 256 << 20
 	defaultReadBlockSize     = 8 << 20
 	defaultUploadBlockSize   = 8 << 20
 	defaultUploadConcurrency = 16
@@ -97,7 +100,7 @@ const (
 // validated.
 func (o Options) withDefaults() (Options, error) {
 	if o.BlockCacheBytes == 0 {
-		o.BlockCacheBytes = defaultBlockCacheBytes
+		o.BlockCacheBytes = DefaultBlockCacheBytes
 	}
 	if o.ReadBlockSize == 0 {
 		o.ReadBlockSize = defaultReadBlockSize
