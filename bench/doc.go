@@ -8,6 +8,10 @@
 //     against the fastest of several SDK strategies (DownloadStream,
 //     DownloadBuffer/DownloadFile, UploadBuffer/UploadStream with a few
 //     block sizes and concurrencies) on the same Azurite.
+//   - seq-read-warm (informational): seq-read on one mount for every
+//     repetition, after an untimed read, round a ring of blobs large
+//     enough that none is in the block cache when read: the read without
+//     the cost of a fresh process's memory.
 //   - small-create, small-list, small-read: 1,000 files of 4 KiB created
 //     until durable, listed cold with a stat of each (ls -l), and read,
 //     against the SDK doing the same requests one after another.
