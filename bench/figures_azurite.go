@@ -62,9 +62,9 @@ func (r *runner) seqRead(ctx context.Context) Row {
 // The reads go round a ring of blobs of the same content, enough of them
 // that the others read since a blob's last turn add up to more than the
 // block cache: no repetition finds its blocks there.
-func (r *runner) seqReadWarm(ctx context.Context) Row {
+func (r *runner) seqReadWarm(ctx context.Context) (row Row) {
 	size := r.cfg.Size
-	row := Row{ID: FigSeqReadWarm, Figure: fmt.Sprintf("sequential read %s, one mount for every repetition (Azurite)", human(size)), Unit: UnitMBps}
+	row = Row{ID: FigSeqReadWarm, Figure: fmt.Sprintf("sequential read %s, one mount for every repetition (Azurite)", human(size)), Unit: UnitMBps}
 	cache := blobfsCacheBytes(r.cfg.BlobfsArgs)
 	data := r.largeData()
 	u := r.unique()
@@ -85,7 +85,12 @@ func (r *runner) seqReadWarm(ctx context.Context) Row {
 			defer os.RemoveAll(scratch)
 			var m mount
 			if m, err = r.blobfs.mount(ctx, dir, scratch); err == nil {
-				defer m.Close()
+				defer func() {
+					// As withMount: an unmount failure fails the figure.
+					if cerr := m.Close(); cerr != nil && row.Err == nil {
+						row.Err = fmt.Errorf("unmount: %w", cerr)
+					}
+				}()
 				dir = m.Dir()
 			}
 		}
