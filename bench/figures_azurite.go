@@ -34,14 +34,7 @@ func (r *runner) seqRead(ctx context.Context) Row {
 	baselines := r.az.downloadStrategies(name, data, dst, r.work, r.cfg.FewStrategies)
 	contenders := r.clientSides(func(ctx context.Context, c client) (time.Duration, error) {
 		return r.withMount(ctx, c, func(dir string) (time.Duration, error) {
-			clear(dst)
-			r.settle()
-			start := time.Now()
-			if err := readFileInto(ctx, joinPath(dir, name), dst); err != nil {
-				return 0, err
-			}
-			d := time.Since(start)
-			return d, verify(dst, data)
+			return r.timedRead(ctx, joinPath(dir, name), dst, data)
 		})
 	})
 	out, err := r.compare(ctx, row.ID, "SDK", mbps(size), baselines, contenders)
@@ -103,14 +96,7 @@ func (r *runner) seqReadWarm(ctx context.Context) (row Row) {
 	read := func(ctx context.Context) (time.Duration, error) {
 		name := names[reads%len(names)]
 		reads++
-		clear(dst)
-		r.settle()
-		start := time.Now()
-		if err := readFileInto(ctx, joinPath(dir, name), dst); err != nil {
-			return 0, err
-		}
-		d := time.Since(start)
-		return d, verify(dst, data)
+		return r.timedRead(ctx, joinPath(dir, name), dst, data)
 	}
 	// Untimed: the mount faults in its cache.
 	if _, err := read(ctx); err != nil {
@@ -127,6 +113,19 @@ func (r *runner) seqReadWarm(ctx context.Context) (row Row) {
 	row = r.fill(row, out, throughput(size), "SDK ")
 	row.Note = fmt.Sprintf("informational (seq-read is the issue's figure): one blobfs mount reads %d blobs of %s in turn, the first read untimed, so that none is in its %s cache when read", len(names), human(size), human(cache))
 	return row
+}
+
+// timedRead reads path whole into dst, timed from a settled machine, and
+// checks that it holds want.
+func (r *runner) timedRead(ctx context.Context, path string, dst, want []byte) (time.Duration, error) {
+	clear(dst)
+	r.settle()
+	start := time.Now()
+	if err := readFileInto(ctx, path, dst); err != nil {
+		return 0, err
+	}
+	d := time.Since(start)
+	return d, verify(dst, want)
 }
 
 // blobfsCacheBytes is the block cache of the blobfs mounts that take args:
