@@ -72,7 +72,7 @@ func NewAzure(cfg AzureConfig) (*Azure, error) {
 	hc := newHTTPClient()
 	c, err := t.newContainerClient(hc)
 	if err != nil {
-		return nil, err
+		return nil, RedactError(err)
 	}
 	return &Azure{target: t, hc: hc, client: c}, nil
 }
@@ -355,9 +355,9 @@ func (a *Azure) Copy(ctx context.Context, dst, src string) (Attrs, error) {
 			// overwritten by a plain write) or copied synchronously.
 			return propsAttrs(dst, p), nil
 		case blob.CopyStatusTypeFailed:
-			return Attrs{}, fmt.Errorf("azure: copy %q -> %q failed: %s: %w", src, dst, deref(p.CopyStatusDescription), ErrTransient)
+			return Attrs{}, RedactError(fmt.Errorf("azure: copy %q -> %q failed: %s: %w", src, dst, deref(p.CopyStatusDescription), ErrTransient))
 		case blob.CopyStatusTypeAborted:
-			return Attrs{}, fmt.Errorf("azure: copy %q -> %q was aborted: %s", src, dst, deref(p.CopyStatusDescription))
+			return Attrs{}, RedactError(fmt.Errorf("azure: copy %q -> %q was aborted: %s", src, dst, deref(p.CopyStatusDescription)))
 		}
 		if time.Now().After(deadline) {
 			a.abortCopy(ctx, dstClient, copyID)
@@ -539,6 +539,10 @@ type azureError struct {
 func (e *azureError) RetryAfter() time.Duration { return e.retryAfter }
 
 func (e *azureError) Error() string {
+	return Redact(e.message())
+}
+
+func (e *azureError) message() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "azure: %s %q: ", e.op, e.name)
 	if e.kind != nil {
@@ -574,6 +578,7 @@ func mapAzureError(ctx context.Context, op Op, name string, cond Conditions, err
 	if err == nil {
 		return nil
 	}
+	redactURLErrors(err)
 	e := &azureError{op: string(op), name: name, err: err}
 	var re *azcore.ResponseError
 	var tokErr *tokenError

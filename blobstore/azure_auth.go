@@ -167,7 +167,14 @@ func (t azureTarget) containerURL() string {
 	return u
 }
 
+// resolve validates c. Its errors may quote what the user gave (an
+// endpoint, a connection string's parts), so they are redacted here.
 func (c AzureConfig) resolve() (azureTarget, error) {
+	t, err := c.resolveUnredacted()
+	return t, RedactError(err)
+}
+
+func (c AzureConfig) resolveUnredacted() (azureTarget, error) {
 	t := azureTarget{container: c.Container, tryTimeout: c.TryTimeout, clientID: c.ClientID}
 	if t.tryTimeout == 0 {
 		t.tryTimeout = defaultTryTimeout
@@ -231,7 +238,7 @@ func (c AzureConfig) resolve() (azureTarget, error) {
 		return t, fmt.Errorf("azure: endpoint %q must not contain user information", u.Redacted())
 	case u.RawQuery != "" || u.Fragment != "":
 		// A pasted SAS URL: refuse rather than guess, and do not echo it.
-		return t, fmt.Errorf("azure: endpoint %s://%s%s must not carry a query or fragment; pass a SAS token in SASToken (AZURE_STORAGE_SAS_TOKEN)", u.Scheme, u.Host, u.Path)
+		return t, fmt.Errorf("azure: endpoint %s://%s%s must not carry a query or fragment; pass a SAS token in AZURE_STORAGE_SAS_TOKEN", u.Scheme, u.Host, u.Path)
 	}
 	if !strings.HasSuffix(u.Path, "/") {
 		u.Path += "/"
@@ -271,11 +278,11 @@ func (c AzureConfig) authMode() (string, error) {
 		mode, what string
 		set        bool
 	}{
-		{AzureAuthKey, "an account key (Key, AZURE_STORAGE_KEY)", c.Key != ""},
-		{AzureAuthSAS, "a SAS token (SASToken, AZURE_STORAGE_SAS_TOKEN)", c.SASToken != ""},
-		{AzureAuthConnString, "a connection string (ConnectionString, AZURE_STORAGE_CONNECTION_STRING)", c.ConnectionString != ""},
-		{AzureAuthAnonymous, "anonymous access (Anonymous)", c.Anonymous},
-		{AzureAuthAzureAD, "a managed identity client id (ClientID, AZURE_STORAGE_IDENTITY_CLIENT_ID)", c.ClientID != ""},
+		{AzureAuthKey, "an account key (AZURE_STORAGE_KEY)", c.Key != ""},
+		{AzureAuthSAS, "a SAS token (AZURE_STORAGE_SAS_TOKEN)", c.SASToken != ""},
+		{AzureAuthConnString, "a connection string (AZURE_STORAGE_CONNECTION_STRING)", c.ConnectionString != ""},
+		{AzureAuthAnonymous, "anonymous access", c.Anonymous},
+		{AzureAuthAzureAD, "a managed identity client id (--identity-client-id, AZURE_STORAGE_IDENTITY_CLIENT_ID)", c.ClientID != ""},
 	}
 	mode := strings.ToLower(strings.TrimSpace(c.Auth))
 	switch mode {
@@ -290,7 +297,7 @@ func (c AzureConfig) authMode() (string, error) {
 			}
 		}
 		if len(set) > 1 {
-			return "", fmt.Errorf("azure: conflicting credentials: %s; set Auth (AZURE_STORAGE_AUTH_TYPE) to choose one", strings.Join(set, " and "))
+			return "", fmt.Errorf("azure: conflicting credentials: %s; choose one with --auth-type (AZURE_STORAGE_AUTH_TYPE)", strings.Join(set, " and "))
 		}
 		if mode == "" {
 			mode = AzureAuthAzureAD
@@ -310,10 +317,10 @@ func (c AzureConfig) authMode() (string, error) {
 		}
 	}
 	if c.Anonymous && mode != AzureAuthAnonymous {
-		return "", fmt.Errorf("azure: conflicting credentials: Anonymous is set but Auth is %s", mode)
+		return "", fmt.Errorf("azure: conflicting credentials: anonymous access is asked for but the auth type is %s", mode)
 	}
 	if c.ClientID != "" && mode != AzureAuthAzureAD {
-		return "", fmt.Errorf("azure: conflicting credentials: a managed identity ClientID is set but Auth is %s", mode)
+		return "", fmt.Errorf("azure: conflicting credentials: a managed identity client id (--identity-client-id, AZURE_STORAGE_IDENTITY_CLIENT_ID) is set but the auth type is %s", mode)
 	}
 	return mode, nil
 }

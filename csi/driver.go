@@ -379,6 +379,9 @@ func (d *Driver) logAndMeasure(ctx context.Context, req any, info *grpc.UnarySer
 	start := time.Now()
 	d.log.Log(ctx, level, "CSI request", "method", method, "request", protosanitizer.StripSecrets(req).String())
 	resp, err := handler(ctx, req)
+	// The status message reaches kubelet, which turns it into an event
+	// that anyone who may describe the pod reads.
+	err = redactStatus(err)
 	dur := time.Since(start)
 	d.metrics.observeCSI(method, err, dur)
 	if err != nil {

@@ -45,3 +45,17 @@ func storeError(what string, err error) error {
 func busy(volumeID string) error {
 	return status.Errorf(codes.Aborted, "an operation on volume %q is already in progress", clip(volumeID, 200))
 }
+
+// redactStatus returns err as a gRPC status whose message has passed
+// through blobstore.Redact. Store errors are redacted where blobstore makes
+// them; this catches a secret that reached a message any other way.
+func redactStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	st := status.Convert(err)
+	if msg := blobstore.Redact(st.Message()); msg != st.Message() {
+		return status.Error(st.Code(), msg)
+	}
+	return err
+}

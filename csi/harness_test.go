@@ -40,6 +40,7 @@ type driverOptions struct {
 	secrets    SecretGetter
 	metrics    string // metrics address
 	state      string // state dir; default a temp dir
+	logger     *slog.Logger
 }
 
 // testLogger writes the driver's log to the test log under -v only.
@@ -84,7 +85,10 @@ func startDriver(t testing.TB, o driverOptions) *testDriver {
 		Mounter:        o.mounter,
 		Containers:     o.containers,
 		Secrets:        o.secrets,
-		Logger:         testLogger(t),
+		Logger:         o.logger,
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
 	}
 	d, err := New(cfg)
 	if err != nil {

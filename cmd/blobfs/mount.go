@@ -213,7 +213,8 @@ func newLogger(level, file string, fallback io.Writer) (*slog.Logger, error) {
 		}
 		w = f
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+	// Every line passes through blobstore's redaction: no secret in a log.
+	return slog.New(blobstore.NewRedactingHandler(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))), nil
 }
 
 // readyEnv names the fd on which a background child reports "mounted" (or
