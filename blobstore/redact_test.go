@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
-	)
+)
 
 func TestRedact(t *testing.T) {
 	for _, tc := range []struct {
