@@ -30,6 +30,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -446,6 +447,14 @@ func (a *Azure) Check(ctx context.Context) error {
 		return fmt.Errorf("azure: %s: could not get an Azure AD token (configure a managed identity, workload identity, a service principal in AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET, or `az login`): %w", where, err)
 	case errors.Is(err, ErrNotFound) && a.target.mode == AzureAuthAnonymous:
 		return fmt.Errorf("azure: %s: container not found or not public (anonymous access needs public access level \"container\"): %w", where, err)
+	case errors.Is(err, ErrNotFound) && isResp && ae.code != string(bloberror.ContainerNotFound):
+		// Not the container: the service did not find the account. Real
+		// Azure fails on DNS for an unknown account; an emulator serves
+		// accounts under paths and answers ResourceNotFound.
+		if u, perr := url.Parse(a.target.serviceURL); perr == nil && strings.Trim(u.Path, "/") == "" {
+			return fmt.Errorf("azure: %s: the endpoint has no account in its path; an emulator serves each account under its own path, e.g. %s://%s/devstoreaccount1: %w", where, u.Scheme, u.Host, err)
+		}
+		return fmt.Errorf("azure: %s: no such account at this endpoint (the service answered %s, not ContainerNotFound): check the account name and the endpoint: %w", where, ae.code, err)
 	case errors.Is(err, ErrNotFound):
 		return fmt.Errorf("azure: %s: the container does not exist in this account: %w", where, err)
 	case errors.Is(err, ErrUnauthorized) && a.target.mode == AzureAuthAnonymous:

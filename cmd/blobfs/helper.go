@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 )
 
@@ -49,7 +50,11 @@ func runMountHelper(args []string) error {
 	c := newMountConfig()
 	fl := flag.NewFlagSet("mount.blobfs", flag.ContinueOnError)
 	registerMountFlags(fl, c)
+	fl.SetOutput(io.Discard)
 	if err := fl.Parse(flags); err != nil {
+		return usageError{fmt.Errorf("mount.blobfs: %v (the -o options are the flags of blobfs mount --help, without the dashes)", err)}
+	}
+	if err := c.checkFlags(fl); err != nil {
 		return usageError{err}
 	}
 	return mountWith(c, positional[1], append(flags, positional[1]))

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -41,14 +42,32 @@ func main() {
 
 type usageError struct{ error }
 
+// parseFlags parses a subcommand's flags. A mistake is one line that points
+// to --help, not the whole usage (which can run to 60 lines and hide the
+// mistake); -h/--help prints the usage to stdout and reports help, and the
+// caller returns nil.
+func parseFlags(fl *flag.FlagSet, args []string) (help bool, err error) {
+	usage := fl.Usage
+	fl.SetOutput(io.Discard)
+	fl.Usage = func() {}
+	err = fl.Parse(args)
+	fl.SetOutput(os.Stdout)
+	fl.Usage = usage
+	if errors.Is(err, flag.ErrHelp) {
+		fl.Usage()
+		return true, nil
+	}
+	if err != nil {
+		return false, usageError{fmt.Errorf("%s: %v (see blobfs %s --help)", fl.Name(), err, fl.Name())}
+	}
+	return false, nil
+}
+
 // parseNoArgs parses the flags of a subcommand that takes no positional
-// arguments. help reports -h/--help (usage printed): the caller returns nil.
+// arguments, as parseFlags does.
 func parseNoArgs(fl *flag.FlagSet, args []string) (help bool, err error) {
-	if err := fl.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return true, nil
-		}
-		return false, usageError{err}
+	if help, err := parseFlags(fl, args); help || err != nil {
+		return help, err
 	}
 	if fl.NArg() != 0 {
 		return false, usageError{fmt.Errorf("%s takes no arguments, got %q", fl.Name(), fl.Args())}
@@ -98,8 +117,12 @@ func run(args []string) error {
 func runUnmount(args []string) error {
 	fl := flag.NewFlagSet("unmount", flag.ContinueOnError)
 	lazy := fl.Bool("z", false, "lazy: detach now even if busy")
-	if err := fl.Parse(args); err != nil {
-		return usageError{err}
+	fl.Usage = func() {
+		fmt.Fprintln(fl.Output(), "usage: blobfs unmount [-z] MOUNTPOINT")
+		fl.PrintDefaults()
+	}
+	if help, err := parseFlags(fl, args); help || err != nil {
+		return err
 	}
 	if fl.NArg() != 1 {
 		return usageError{errors.New("unmount needs exactly one MOUNTPOINT")}

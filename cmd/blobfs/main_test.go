@@ -3,12 +3,16 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -194,60 +198,152 @@ func TestBackgroundMountAndHelper(t *testing.T) {
 
 // TestPreMountValidation: bad input ends with one clear line, exit status 1,
 // and nothing mounted.
+// TestPreMountValidation runs `blobfs mount` with what cannot work: each
+// case must exit with its status and one clear line, print no secret, and
+// leave nothing mounted or running.
 func TestPreMountValidation(t *testing.T) {
 	bin := blobfsBin(t)
-	mp := t.TempDir()
-	cases := []struct {
-		name string
-		args []string
-		env  []string
-		want string
-	}{
-		{"missing local dir", []string{"--local-dir", "/nonexistent/blobfs"}, nil, "not an existing directory"},
-		{"bad endpoint URL", []string{"--container", "cont1", "--account", "a", "--endpoint", "ht!tp://x y", "--auth-type", "anonymous"}, nil, "endpoint"},
-		{"unreachable endpoint", []string{"--container", "cont1", "--endpoint", "http://127.0.0.1:1/devstoreaccount1", "--auth-type", "anonymous", "--retry-attempts", "1"}, nil, "reach"},
-		{"bad container name", []string{"--container", "Not_Valid", "--account", "a", "--auth-type", "anonymous"}, nil, "container name"},
+	sig := "CANARYmountSig4c8e1a7d3b9f"
+	sas := "AZURE_STORAGE_SAS_TOKEN=?sv=2022-11-02&ss=b&srt=sco&sp=rwdl&se=2099-01-01T00:00:00Z&sig=" + sig
+	hung := hungEndpoint(t)
+	type testCase struct {
+		name  string
+		args  []string
+		env   []string
+		code  int                         // exit status
+		want  string                      // in the one line printed, lower case
+		setup func(t *testing.T) []string // extra args, after the test's mountpoint is made
+	}
+	cases := []testCase{
+		{"missing local dir", []string{"--local-dir", "/nonexistent/blobfs"}, nil, 1, "not an existing directory", nil},
+		{"bad endpoint URL", []string{"--container", "cont1", "--account", "a", "--endpoint", "ht!tp://x y", "--auth-type", "anonymous"}, nil, 1, "endpoint", nil},
+		{"unreachable endpoint", []string{"--container", "cont1", "--endpoint", "http://127.0.0.1:1/devstoreaccount1", "--auth-type", "anonymous", "--retry-attempts", "1"}, nil, 1, "reach", nil},
+		{"unreachable endpoint with SAS", []string{"--container", "cont1", "--endpoint", "http://127.0.0.1:1/devstoreaccount1", "--retry-attempts", "1"}, []string{sas}, 1, "reach", nil},
+		{"unreachable endpoint with SAS, debug log", []string{"--container", "cont1", "--endpoint", "http://127.0.0.1:1/devstoreaccount1", "--retry-attempts", "1", "--log-level", "debug", "--foreground"}, []string{sas}, 1, "reach", nil},
+		{"hung endpoint", []string{"--container", "cont1", "--endpoint", hung, "--check-timeout", "2s"}, []string{sas}, 1, "no answer within 2s (--check-timeout)", nil},
+		{"bad container name", []string{"--container", "Not_Valid", "--account", "a", "--auth-type", "anonymous"}, nil, 1, "container name", nil},
+		{"local dir and container", []string{"--local-dir", "/tmp", "--container", "cont1"}, nil, 2, "--local-dir and --container name two different stores", nil},
+		{"local dir and endpoint", []string{"--local-dir", "/tmp", "--endpoint", "http://127.0.0.1:1/a"}, nil, 2, "--local-dir and --endpoint", nil},
+		{"unknown flag", []string{"--no-such-flag"}, nil, 2, "see blobfs mount --help", nil},
+		{"upload block 0", []string{"--upload-block-mb", "0"}, nil, 2, "--upload-block-mb 0: must be between 1 and 4000 (mib", nil},
+		{"cache below two blocks", []string{"--block-cache-mb", "4"}, nil, 2, "--block-cache-mb 4: must hold at least two read blocks of --read-block-mb 8, so 16 mib", nil},
+		{"umask not octal", []string{"--umask", "9"}, nil, 2, "not an octal number", nil},
+		{"negative timeout", []string{"--attr-timeout", "-1s"}, nil, 2, "--attr-timeout -1s: must not be negative", nil},
+		{"conflicting credentials", []string{"--container", "cont1", "--account", "acct"}, []string{"AZURE_STORAGE_KEY=" + base64.StdEncoding.EncodeToString([]byte("k")), sas}, 1,
+			"conflicting credentials: an account key (azure_storage_key) and a sas token (azure_storage_sas_token); choose one with --auth-type", nil},
+		{"mountpoint missing", nil, nil, 1, "does not exist", func(t *testing.T) []string { return []string{"/nonexistent/mountpoint"} }},
+		{"mountpoint not empty", nil, nil, 1, "is not empty", func(t *testing.T) []string {
+			mp := t.TempDir()
+			os.WriteFile(filepath.Join(mp, "keep"), []byte("x"), 0o644)
+			return []string{mp}
+		}},
+		{"mountpoint already mounted", nil, nil, 1, "already a mount point", func(t *testing.T) []string {
+			mp := t.TempDir()
+			if err := syscall.Mount("tmpfs", mp, "tmpfs", 0, ""); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { syscall.Unmount(mp, syscall.MNT_DETACH) })
+			return []string{mp}
+		}},
 	}
 	if os.Getenv(storetest.EnvAzurite) != "" {
 		cfg := storetest.AzuriteConfig(t)
+		u, _ := url.Parse(cfg.Endpoint)
 		cases = append(cases,
-			struct {
-				name string
-				args []string
-				env  []string
-				want string
-			}{"wrong key", []string{"--container", cfg.Container, "--endpoint", cfg.Endpoint, "--auth-type", "key"},
-				[]string{"AZURE_STORAGE_ACCOUNT=" + blobstore.AzuriteAccount, "AZURE_STORAGE_KEY=" + strings.Repeat("A", 86) + "=="}, "key"},
-			struct {
-				name string
-				args []string
-				env  []string
-				want string
-			}{"missing container", []string{"--container", "no-such-container", "--endpoint", cfg.Endpoint, "--auth-type", "key"},
-				[]string{"AZURE_STORAGE_ACCOUNT=" + blobstore.AzuriteAccount, "AZURE_STORAGE_KEY=" + cfg.Key}, "container"},
+			testCase{"wrong key", []string{"--container", cfg.Container, "--endpoint", cfg.Endpoint, "--auth-type", "key"},
+				[]string{"AZURE_STORAGE_ACCOUNT=" + blobstore.AzuriteAccount, "AZURE_STORAGE_KEY=" + strings.Repeat("A", 86) + "=="}, 1, "key", nil},
+			testCase{"missing container", []string{"--container", "no-such-container", "--endpoint", cfg.Endpoint, "--auth-type", "key"},
+				[]string{"AZURE_STORAGE_ACCOUNT=" + blobstore.AzuriteAccount, "AZURE_STORAGE_KEY=" + cfg.Key}, 1, "the container does not exist", nil},
+			testCase{"unknown account", []string{"--container", cfg.Container, "--endpoint", u.Scheme + "://" + u.Host + "/nosuchaccount", "--account", "nosuchaccount", "--auth-type", "key"},
+				[]string{"AZURE_STORAGE_KEY=" + cfg.Key}, 1, "no such account at this endpoint", nil},
+			testCase{"endpoint without account path", []string{"--container", cfg.Container, "--endpoint", u.Scheme + "://" + u.Host + "/", "--account", blobstore.AzuriteAccount, "--auth-type", "key"},
+				[]string{"AZURE_STORAGE_KEY=" + cfg.Key}, 1, "the endpoint has no account in its path", nil},
 		)
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			mp := t.TempDir()
+			args := append([]string{"mount"}, tc.args...)
+			if tc.setup != nil {
+				args = append(args, tc.setup(t)...)
+			} else {
+				args = append(args, mp)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, bin, append(append([]string{"mount"}, tc.args...), mp)...)
+			cmd := exec.CommandContext(ctx, bin, args...)
 			cmd.Env = append(cleanEnv(), tc.env...)
 			out, err := cmd.CombinedOutput()
 			var exit *exec.ExitError
-			if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-				t.Fatalf("exit: %v, output %q", err, out)
+			if !errors.As(err, &exit) || exit.ExitCode() != tc.code {
+				t.Fatalf("exit: %v (want status %d), output %q", err, tc.code, out)
 			}
 			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-			if len(lines) != 1 || !strings.Contains(strings.ToLower(lines[0]), tc.want) {
+			last := lines[len(lines)-1] // a debug log may come first
+			if !slices.Contains(tc.args, "debug") && len(lines) != 1 || !strings.Contains(strings.ToLower(last), tc.want) {
 				t.Fatalf("want one line mentioning %q, got %q", tc.want, out)
+			}
+			for i := 0; i+10 <= len(sig); i++ {
+				if strings.Contains(string(out), sig[i:i+10]) {
+					t.Fatalf("output carries the SAS signature: %q", out)
+				}
 			}
 			if mounted(t, mp) {
 				t.Fatal("something got mounted")
 			}
+			if pids := processesWith(t, mp); len(pids) > 0 {
+				t.Fatalf("processes left running for %s: %v", mp, pids)
+			}
 			fmt.Fprintln(os.Stderr) // keep -v output readable
 		})
 	}
+}
+
+// hungEndpoint is a blob endpoint that accepts connections and never
+// answers.
+func hungEndpoint(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		<-done
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return "http://" + l.Addr().String() + "/devstoreaccount1"
+}
+
+// processesWith lists the pids of processes whose command line names path.
+func processesWith(t *testing.T, path string) []int {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && slices.Contains(strings.Split(string(b), "\x00"), path) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // cleanEnv is the environment without Azure settings of the caller.
@@ -332,5 +428,41 @@ func TestChangesUnderSignals(t *testing.T) {
 	entries, err := os.ReadDir(mp)
 	if err != nil || len(entries) != 0 {
 		t.Fatalf("mount after the application removed everything: %d entries (%v)", len(entries), err)
+	}
+}
+
+// TestNonEmptyAndUnmountMessages: --nonempty (-o nonempty) mounts over
+// files, which come back after the unmount; blobfs unmount says plainly
+// what is wrong with a path that is not mounted or does not exist.
+func TestNonEmptyAndUnmountMessages(t *testing.T) {
+	bin := blobfsBin(t)
+	store, mp := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(mp, "under"), []byte("hidden"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "mount", "--nonempty", "--local-dir", store, "--log-file", filepath.Join(t.TempDir(), "log"), mp).CombinedOutput(); err != nil {
+		t.Fatalf("mount --nonempty: %v: %s", err, out)
+	}
+	t.Cleanup(func() { syscall.Unmount(mp, syscall.MNT_DETACH) })
+	if _, err := os.Stat(filepath.Join(mp, "under")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the mount does not cover the directory: %v", err)
+	}
+	if out, err := exec.Command(bin, "unmount", mp).CombinedOutput(); err != nil {
+		t.Fatalf("unmount: %v: %s", err, out)
+	}
+	waitMounted(t, mp, false)
+	if b, err := os.ReadFile(filepath.Join(mp, "under")); err != nil || string(b) != "hidden" {
+		t.Fatalf("the covered file after unmount: %q, %v", b, err)
+	}
+
+	for _, tc := range []struct{ path, want string }{
+		{mp, "unmount " + mp + ": not mounted"},
+		{filepath.Join(mp, "nope"), "no such directory"},
+	} {
+		out, err := exec.Command(bin, "unmount", tc.path).CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(string(out), tc.want) || strings.Count(string(out), "\n") != 1 {
+			t.Errorf("blobfs unmount %s: %v, %q; want status 1 and one line with %q", tc.path, err, out, tc.want)
+		}
 	}
 }

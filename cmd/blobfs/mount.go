@@ -7,16 +7,20 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	mountutils "k8s.io/mount-utils"
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
@@ -43,6 +47,7 @@ type mountConfig struct {
 	grace     time.Duration
 	create    bool
 	limit     int
+	nonEmpty  bool
 }
 
 // registerMountFlags declares every mount flag; mount.blobfs -o options are
@@ -70,7 +75,8 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.BoolVar(&c.mount.AllowOther, "allow-other", false, "let users other than the mounting one use the mount")
 	fl.IntVar(&c.uid, "uid", os.Getuid(), "owner of every file")
 	fl.IntVar(&c.gid, "gid", os.Getgid(), "group of every file")
-	fl.UintVar(&c.umask, "umask", 0o022, "umask applied to modes 0777 (directories) and 0666 (files)")
+	c.umask = 0o022
+	fl.Var((*octalFlag)(&c.umask), "umask", "umask applied to modes 0777 (directories) and 0666 (files), in octal")
 	fl.IntVar(&c.mount.Readers, "fuse-readers", 8, "goroutines reading FUSE requests")
 	fl.IntVar(&c.mount.ReadAheadKB, "kernel-readahead-kb", 4096, "kernel read-ahead for the mount, KiB (root only; -1 keeps the kernel's 128)")
 	fl.IntVar(&c.retry.MaxAttempts, "retry-attempts", 0, "attempts per store request on throttling and transient errors (default 5)")
@@ -82,6 +88,80 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.DurationVar(&c.checkTime, "check-timeout", 30*time.Second, "how long the pre-mount check of the store may take")
 	fl.IntVar(&c.limit, "restart-limit", 10, "in the background: worker crashes in a row (each within 10s of its start) after which the supervisor stops restarting it")
 	fl.DurationVar(&c.grace, "shutdown-grace", 10*time.Second, "on SIGTERM with files still open, how long to keep serving them (detached) before exiting")
+	fl.BoolVar(&c.nonEmpty, "nonempty", false, "allow mounting over a directory that is not empty (its files are hidden while mounted)")
+}
+
+// octalFlag is a flag given and shown in octal, as umasks are.
+type octalFlag uint
+
+func (o *octalFlag) String() string { return fmt.Sprintf("%#o", uint(*o)) }
+
+func (o *octalFlag) Set(s string) error {
+	v, err := strconv.ParseUint(s, 8, 32)
+	if err != nil {
+		return errors.New("not an octal number")
+	}
+	*o = octalFlag(v)
+	return nil
+}
+
+// storeFlags select an Azure container; --local-dir selects a local
+// directory instead, and the two do not mix.
+var storeFlags = []string{"container", "account", "endpoint", "auth-type", "create-container", "identity-client-id"}
+
+// checkFlags refuses flag values that cannot work, before anything is
+// mounted, with errors in the flags' own names and units.
+func (c *mountConfig) checkFlags(fl *flag.FlagSet) error {
+	set := map[string]bool{}
+	fl.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["local-dir"] {
+		for _, f := range storeFlags {
+			if set[f] {
+				return fmt.Errorf("--local-dir and --%s name two different stores: give one (--local-dir serves a local directory, --%s belongs to an Azure container)", f, f)
+			}
+		}
+	}
+	switch {
+	case c.readMB < 1 || c.readMB > 256:
+		return fmt.Errorf("--read-block-mb %d: must be between 1 and 256 (MiB)", c.readMB)
+	case c.uploadMB < 1 || c.uploadMB > 4000:
+		return fmt.Errorf("--upload-block-mb %d: must be between 1 and 4000 (MiB; Azure's largest block)", c.uploadMB)
+	case c.cacheMB < 2*c.readMB:
+		return fmt.Errorf("--block-cache-mb %d: must hold at least two read blocks of --read-block-mb %d, so %d MiB or more", c.cacheMB, c.readMB, 2*c.readMB)
+	case c.fs.UploadConcurrency < 1 || c.fs.UploadConcurrency > 256:
+		return fmt.Errorf("--upload-concurrency %d: must be between 1 and 256", c.fs.UploadConcurrency)
+	case c.fs.MaxReadAheadBlocks < 0:
+		return fmt.Errorf("--readahead-blocks %d: must not be negative (0 chooses from the cache size)", c.fs.MaxReadAheadBlocks)
+	case c.fs.PrefetchFiles < 0:
+		return fmt.Errorf("--prefetch-files %d: must not be negative (0 disables)", c.fs.PrefetchFiles)
+	case c.umask > 0o777:
+		return fmt.Errorf("--umask %#o: must be within 0777", c.umask)
+	case c.uid < 0:
+		return fmt.Errorf("--uid %d: must not be negative", c.uid)
+	case c.gid < 0:
+		return fmt.Errorf("--gid %d: must not be negative", c.gid)
+	case c.mount.Readers < 1:
+		return fmt.Errorf("--fuse-readers %d: must be at least 1", c.mount.Readers)
+	case c.retry.MaxAttempts < 0:
+		return fmt.Errorf("--retry-attempts %d: must not be negative (0 means the default, 5)", c.retry.MaxAttempts)
+	case c.retry.MaxDelay < 0:
+		return fmt.Errorf("--retry-max-delay %v: must not be negative", c.retry.MaxDelay)
+	case c.checkTime <= 0:
+		return fmt.Errorf("--check-timeout %v: must be positive", c.checkTime)
+	case c.grace < 0:
+		return fmt.Errorf("--shutdown-grace %v: must not be negative", c.grace)
+	case c.limit < 1:
+		return fmt.Errorf("--restart-limit %d: must be at least 1", c.limit)
+	}
+	for name, d := range map[string]time.Duration{
+		"attr-timeout": c.fs.AttrTimeout, "entry-timeout": c.fs.EntryTimeout,
+		"negative-timeout": c.fs.NegativeTimeout, "list-timeout": c.fs.ListTimeout,
+	} {
+		if d < 0 {
+			return fmt.Errorf("--%s %v: must not be negative (0 disables the cache)", name, d)
+		}
+	}
+	return nil
 }
 
 func newMountConfig() *mountConfig {
@@ -96,10 +176,10 @@ func runMount(args []string) error {
 		fl.PrintDefaults()
 	}
 	registerMountFlags(fl, c)
-	if err := fl.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if help, err := parseFlags(fl, args); help || err != nil {
+		return err
+	}
+	if err := c.checkFlags(fl); err != nil {
 		return usageError{err}
 	}
 	if fl.NArg() != 1 {
@@ -142,7 +222,11 @@ func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger) (blobs
 		if c.create {
 			cctx, cancel := context.WithTimeout(ctx, c.checkTime)
 			err := blobstore.CreateContainer(cctx, c.azure, nil)
+			timedOut := errors.Is(cctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 			cancel()
+			if timedOut {
+				return nil, "", fmt.Errorf("create container: %s: no answer within %v (--check-timeout): is the endpoint reachable? (%w)", c.azure, c.checkTime, err)
+			}
 			if err != nil {
 				return nil, "", fmt.Errorf("create container: %w", err)
 			}
@@ -174,6 +258,12 @@ func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger) (blobs
 	cctx, cancel := context.WithTimeout(ctx, c.checkTime)
 	defer cancel()
 	if err := store.Check(cctx); err != nil {
+		if errors.Is(cctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+			return nil, "", fmt.Errorf("%s: no answer within %v (--check-timeout): is the endpoint reachable? (%w)", desc, c.checkTime, err)
+		}
+		if c.azureConfigured() {
+			return nil, "", err // it names the container and the endpoint
+		}
 		return nil, "", fmt.Errorf("%s: %w", desc, err)
 	}
 	return store, desc, nil
@@ -184,9 +274,6 @@ func (c *mountConfig) fsOptions(logger *slog.Logger) (fusefs.Options, error) {
 	o.BlockCacheBytes = c.cacheMB << 20
 	o.ReadBlockSize = c.readMB << 20
 	o.UploadBlockSize = c.uploadMB << 20
-	if c.uid < 0 || c.gid < 0 {
-		return o, errors.New("uid and gid must not be negative")
-	}
 	o.UID, o.GID, o.Umask = uint32(c.uid), uint32(c.gid), uint32(c.umask)
 	if o.PrefetchFiles <= 0 {
 		o.PrefetchFiles = -1 // the flag's 0 means "disabled"; Options' 0 means default
@@ -226,10 +313,14 @@ func mountWith(c *mountConfig, mountpoint string, args []string) error {
 	if err != nil {
 		return err
 	}
-	if st, err := os.Stat(mp); err != nil || !st.IsDir() {
-		return fmt.Errorf("mountpoint %s: not an existing directory", mp)
-	}
 	readyFD := os.Getenv(readyEnv)
+	if readyFD == "" {
+		// Checked once, by the command the user ran; its background
+		// child finds the same directory.
+		if err := checkMountpoint(mp, c.nonEmpty); err != nil {
+			return err
+		}
+	}
 	if !c.fg && readyFD == "" {
 		return daemonize(args, mp)
 	}
@@ -420,13 +511,69 @@ func daemonize(args []string, mp string) error {
 	return errors.New(msg)
 }
 
+// checkMountpoint refuses a mountpoint that would hide data or stack a
+// second mount, as blobfuse2 and rclone do: it must be an existing, empty
+// directory (nonEmpty allows files) that is not a mount point already.
+func checkMountpoint(mp string, nonEmpty bool) error {
+	st, err := os.Stat(mp)
+	switch {
+	case errors.Is(err, syscall.ENOTCONN):
+		return fmt.Errorf("mountpoint %s is a dead mount (transport endpoint is not connected): remove it with blobfs unmount %s, then mount again", mp, mp)
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("mountpoint %s does not exist: create the directory first", mp)
+	case err != nil:
+		return fmt.Errorf("mountpoint %s: %w", mp, err)
+	case !st.IsDir():
+		return fmt.Errorf("mountpoint %s is not a directory", mp)
+	}
+	if what := mountedAt(mp); what != "" {
+		return fmt.Errorf("mountpoint %s is already a mount point (%s): unmount it first, or choose another directory", mp, what)
+	}
+	if nonEmpty {
+		return nil
+	}
+	d, err := os.Open(mp)
+	if err != nil {
+		return fmt.Errorf("mountpoint %s: %w", mp, err)
+	}
+	names, _ := d.Readdirnames(1)
+	d.Close()
+	if len(names) > 0 {
+		return fmt.Errorf("mountpoint %s is not empty: the mount would hide its files; choose an empty directory, or pass --nonempty (-o nonempty) to mount over them", mp)
+	}
+	return nil
+}
+
+// mountedAt describes the mount whose mount point is exactly path ("fuse.blobfs
+// blobfs", "tmpfs tmpfs"), or returns "" when there is none.
+func mountedAt(path string) string {
+	infos, err := mountutils.ParseMountInfo("/proc/self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	for i := len(infos) - 1; i >= 0; i-- {
+		if infos[i].MountPoint == path {
+			return infos[i].FsType + " " + infos[i].Source
+		}
+	}
+	return ""
+}
+
 func unmountPath(mp string, lazy bool) error {
 	abs, err := filepath.Abs(mp)
 	if err != nil {
 		return err
 	}
-	if err := fusefs.Unmount(abs, lazy); err != nil {
-		return fmt.Errorf("unmount %s: %w", abs, err)
+	err = fusefs.Unmount(abs, lazy)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, syscall.ENOENT):
+		return fmt.Errorf("unmount %s: no such directory", abs)
+	case errors.Is(err, syscall.EINVAL) && mountedAt(abs) == "":
+		return fmt.Errorf("unmount %s: not mounted", abs)
+	case errors.Is(err, syscall.EBUSY):
+		return fmt.Errorf("unmount %s: busy: a process has a file or its working directory there; stop it, or detach now and unmount once it is done with blobfs unmount -z %s", abs, abs)
 	}
-	return nil
+	return fmt.Errorf("unmount %s: %w", abs, err)
 }
