@@ -594,13 +594,13 @@ func parseMountOptions(opts []string, field string) (mountSettings, error) {
 	}
 	cache, read := s.FS.BlockCacheBytes, s.FS.ReadBlockSize
 	if cache == 0 {
-		cache = 256 << 20 // fusefs's defaults
+		cache = fusefs.DefaultBlockCacheBytes
 	}
 	if read == 0 {
-		read = 4 << 20
+		read = fusefs.DefaultReadBlockSize
 	}
 	if cache < 2*read {
-		return s, fmt.Errorf("%s: block-cache-mb must hold at least two read blocks (read-block-mb)", field)
+		return s, fmt.Errorf("%s: block-cache-mb %d must hold at least two read blocks of read-block-mb %d, so %d or more", field, cache>>20, read>>20, 2*read>>20)
 	}
 	for k, v := range set {
 		s.Options = append(s.Options, k+"="+v)

@@ -88,6 +88,10 @@ type Options struct {
 // Options.BlockCacheBytes is 0.
 const DefaultBlockCacheBytes = 256 << 20
 
+// DefaultReadBlockSize is the size of one ranged read when
+// Options.ReadBlockSize is 0.
+const DefaultReadBlockSize = defaultReadBlockSize
+
 const (
 	defaultReadBlockSize     = 8 << 20
 	defaultUploadBlockSize   = 8 << 20

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode"
 )
 
 // fstabIgnored are generic mount(8)/fstab options that mean nothing to
@@ -74,6 +75,9 @@ func helperFlags(source string, opts []string) ([]string, error) {
 	}
 	for _, o := range opts {
 		o = strings.TrimSpace(o)
+		if strings.ContainsFunc(o, unicode.IsControl) {
+			return nil, fmt.Errorf("option %q: contains a control character", o)
+		}
 		switch {
 		case o == "" || fstabIgnored[o] || strings.HasPrefix(o, "x-"):
 		case o == "ro":
