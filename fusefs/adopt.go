@@ -140,6 +140,9 @@ func (fs *FS) restore(saved *savedState) error {
 			return fmt.Errorf("spill %s: %w", sf.spillPath, err)
 		}
 		of := &openFile{fs: fs, n: n, spill: f, spillPath: sf.spillPath, baseETag: sf.baseETag, exclusive: sf.exclusive, commitNonce: sf.commitNonce}
+		if rec, ok := readSpillRecord(f); ok && sf.baseETag == "" {
+			of.openETag = rec.IfMatch // the region does not keep it
+		}
 		of.setSizeLocked(st.Size())
 		of.hasSpill.Store(true)
 		if sf.dirty {

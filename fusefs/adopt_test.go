@@ -31,6 +31,17 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if os.Getenv(loneServeEnv) != "" {
+		if err := serveAlone(); err != nil {
+			fmt.Fprintln(os.Stderr, "serve alone:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	if sock := os.Getenv(keeperPeerEnv); sock != "" {
+		peerAdopt(sock)
+		os.Exit(0)
+	}
 	if os.Getenv("BLOBFS_TEST_SERVE") != "" {
 		if err := serveChild(); err != nil {
 			fmt.Fprintln(os.Stderr, "serve child:", err)

@@ -33,8 +33,14 @@ type FS struct {
 	log      *slog.Logger
 	spillDir string
 	spills   spillPool // emptied spill files, reused (spillpool.go)
-	blocks   *blockCache
-	lists    *listCache
+	// spillLock holds the flock that makes this filesystem the spill
+	// directory's only user (spillrecover.go); nil if another one is.
+	spillLock *os.File
+	// noSpillRecords: the cache directory keeps no extended attributes,
+	// so spill files carry no record (spillrecover.go).
+	noSpillRecords atomic.Bool
+	blocks         *blockCache
+	lists          *listCache
 	// prefetcher fetches the next small files of a directory read file
 	// by file (fileprefetch.go).
 	prefetcher filePrefetcher
@@ -109,6 +115,8 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 			return nil, fmt.Errorf("state region: %w", err)
 		}
 	}
+	// After the restore, which says which spill files are still in use.
+	fs.recoverOrphans(ctx)
 	return fs, nil
 }
 
@@ -627,4 +635,7 @@ func (fs *FS) Close() {
 	fs.bg.Wait()
 	fs.blocks.close()
 	fs.spills.close()
+	if fs.spillLock != nil {
+		fs.spillLock.Close()
+	}
 }

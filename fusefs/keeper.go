@@ -44,6 +44,13 @@ import (
 // requests and answers "released" (or dies); only then are the mounts handed
 // over, so two processes never journal into one state region.
 //
+// Access: the records hold credentials, so the keeper answers only
+// processes of its own effective user, checked (SO_PEERCRED) on every
+// connection it accepts; others are logged and hung up on. The socket file
+// has mode 0600 from the moment it can be reached (listenPrivate), so that
+// other users cannot even connect where the file system's permissions
+// apply.
+//
 // Upgrades: a keeper that starts while another listens on its socket asks
 // it to hand over ("handoff"): the old keeper sends every mount, stops
 // listening and drops its connections, then idles until it is killed (a
@@ -161,6 +168,8 @@ type Keeper struct {
 	conns         map[*keeperConn]bool
 	handedOff     bool
 	ln            *net.UnixListener
+	// refusedPeers are the (pid, uid) pairs refused and logged already.
+	refusedPeers map[[2]int64]bool
 }
 
 type keptMount struct {
@@ -209,13 +218,10 @@ func (k *Keeper) Run(ctx context.Context) error {
 	if err := k.takeOver(); err != nil {
 		return err
 	}
-	os.Remove(k.path)
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: k.path, Net: "unixpacket"})
+	ln, err := listenPrivate(k.path)
 	if err != nil {
 		return fmt.Errorf("keeper: listen on %s: %w", k.path, err)
 	}
-	ln.SetUnlinkOnClose(false)
-	os.Chmod(k.path, 0o600)
 	k.mu.Lock()
 	k.ln = ln
 	n := len(k.mounts)
@@ -225,6 +231,7 @@ func (k *Keeper) Run(ctx context.Context) error {
 		<-ctx.Done()
 		ln.Close()
 	}()
+	euid := os.Geteuid()
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
@@ -244,7 +251,15 @@ func (k *Keeper) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("keeper: accept: %w", err)
 		}
-		kc := &keeperConn{seqConn: seqConn{c}, released: make(chan struct{}), pid: peerPID(c)}
+		cred, err := peerCred(c)
+		if err != nil || int(cred.Uid) != euid {
+			// Every mount's record, credentials included, goes to
+			// whoever adopts: only the driver's own user may ask.
+			k.refused(cred, err)
+			c.Close()
+			continue
+		}
+		kc := &keeperConn{seqConn: seqConn{c}, released: make(chan struct{}), pid: cred.Pid}
 		k.mu.Lock()
 		k.conns[kc] = true
 		k.mu.Unlock()
@@ -315,18 +330,82 @@ func (k *Keeper) takeOver() error {
 	}
 }
 
-func peerPID(c *net.UnixConn) int32 {
+// listenPrivate listens on a unix socket at path that no other user can
+// ever connect to. bind(2) creates the socket file with mode 0777 &^ umask,
+// and a chmod after it leaves a window in which anyone may connect (and a
+// connection made then stays open). The umask cannot be narrowed for the
+// bind alone: it belongs to the whole process, and other goroutines create
+// files meanwhile (in the CSI driver, and in tests that run a keeper in
+// process). So the socket is bound inside a fresh directory of mode 0700,
+// made 0600 there, and renamed into place: it becomes reachable at path
+// only with its final mode. The rename also replaces a stale socket file
+// (or one of a keeper that handed off) without a moment with no socket.
+// The private directory is in path's directory, so the rename stays on one
+// file system.
+func listenPrivate(path string) (*net.UnixListener, error) {
+	dir, err := os.MkdirTemp(filepath.Dir(path), "."+filepath.Base(path)+".bind-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	tmp := filepath.Join(dir, "sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: tmp, Net: "unixpacket"})
+	if err != nil {
+		return nil, err
+	}
+	// The file outlives the listener: a keeper that handed off closes its
+	// listener, and must not remove the socket its successor listens on.
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// peerCred returns the credentials of the process at the other end of c,
+// as they were when it connected.
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return 0
+		return nil, err
 	}
-	var pid int32
-	raw.Control(func(fd uintptr) {
-		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			pid = cred.Pid
-		}
+	var cred *unix.Ucred
+	cerr := raw.Control(func(fd uintptr) {
+		cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	})
-	return pid
+	if cerr != nil {
+		return nil, cerr
+	}
+	return cred, err
+}
+
+// maxRefusedPeers bounds the peers whose refusal is remembered (to log it
+// once each).
+const maxRefusedPeers = 256
+
+// refused logs a connection refused from another user, once per process
+// and user: a client that retries in a loop must not flood the log.
+func (k *Keeper) refused(cred *unix.Ucred, err error) {
+	if err != nil {
+		k.log.Warn("keeper: refused a connection whose peer is unknown", "err", err)
+		return
+	}
+	peer := [2]int64{int64(cred.Pid), int64(cred.Uid)}
+	k.mu.Lock()
+	if k.refusedPeers == nil || len(k.refusedPeers) >= maxRefusedPeers {
+		k.refusedPeers = map[[2]int64]bool{}
+	}
+	seen := k.refusedPeers[peer]
+	k.refusedPeers[peer] = true
+	k.mu.Unlock()
+	if !seen {
+		k.log.Warn("keeper: refused a connection from another user", "pid", cred.Pid, "uid", cred.Uid, "want uid", os.Geteuid())
+	}
 }
 
 // takeOwnerLocked makes kc the owner if nobody else is: the owner's own

@@ -43,8 +43,14 @@ func fileContent(t *testing.T, f *os.File) string {
 
 func startKeeper(t *testing.T, path string) (k *Keeper, stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
 	k = NewKeeper(path, testLogger(t))
+	return k, startKeeperWith(t, k, path)
+}
+
+// startKeeperWith runs k and waits until it listens at path.
+func startKeeperWith(t *testing.T, k *Keeper, path string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- k.Run(ctx) }()
 	// Listening once a client can connect.
@@ -71,7 +77,7 @@ func startKeeper(t *testing.T, path string) (k *Keeper, stop func()) {
 		}
 	}
 	t.Cleanup(stop)
-	return k, stop
+	return stop
 }
 
 // waitHeld waits until the keeper holds n mounts.

@@ -259,6 +259,7 @@ func (fs *FS) Unlink(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Stat
 		// Open handles keep reading the local copy; nothing is uploaded.
 		of.mu.Lock()
 		of.unlinked = true
+		of.recordLocked(false) // a lost session must not bring it back
 		of.mu.Unlock()
 	}
 	if inStore || of == nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -59,12 +58,19 @@ type openFile struct {
 	size         int64
 	gen          uint64 // bumped by every change
 	committedGen uint64
-	baseETag     string            // If-Match for the next commit
-	baseMeta     map[string]string // metadata kept across rewrites
-	exclusive    bool              // If-None-Match on the first commit
-	mtime        *time.Time        // set by utimes; written as metadata
-	unlinked     bool
-	commitErr    error // the last failed commit
+	baseETag     string // If-Match for the next commit
+	// openETag is the ETag of the blob when the spill file was made
+	// without loading it (O_TRUNC), "" if there was none: what a lost
+	// session's spill file is uploaded on the condition of when baseETag
+	// is empty (spillrecover.go).
+	openETag string
+	// recorded is the spill file's record as last written.
+	recorded  string
+	baseMeta  map[string]string // metadata kept across rewrites
+	exclusive bool              // If-None-Match on the first commit
+	mtime     *time.Time        // set by utimes; written as metadata
+	unlinked  bool
+	commitErr error // the last failed commit
 	// commitNonce names the pending commit (blobstore.MetaCommit): made
 	// and journaled before the first attempt, kept by retries, also in a
 	// process that adopts the mount, and cleared once one succeeded.
@@ -106,8 +112,13 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 		return fmt.Errorf("create spill file: %w", err)
 	}
 	of.setSizeLocked(0)
+	of.recorded = ""
+	path, etag, size, inStore, ok := of.fs.fileState(of.n)
+	of.openETag = ""
+	if inStore {
+		of.openETag = etag
+	}
 	if load {
-		path, etag, size, inStore, ok := of.fs.fileState(of.n)
 		if !ok {
 			of.fs.spills.put(f)
 			return errStale
@@ -268,9 +279,11 @@ func (of *openFile) changedLocked() {
 	}
 }
 
-// journalLocked records the spill file and upload state in the state region.
+// journalLocked records the spill file and upload state in the state
+// region, and in the spill file's own record.
 func (of *openFile) journalLocked(dirty bool) {
 	of.fs.journalFile(of.n, of.spillPath, of.baseETag, dirty, of.exclusive, of.commitNonce)
+	of.recordLocked(dirty)
 }
 
 // commit uploads the spill file if the file has changes not in the store.
@@ -408,9 +421,7 @@ func (of *openFile) keepSpill(blobName string) string {
 	if of.spill == nil {
 		return ""
 	}
-	dir := filepath.Join(of.fs.opts.CacheDir, "lost+found")
-	os.MkdirAll(dir, 0o700)
-	dst := filepath.Join(dir, fmt.Sprintf("%d-%s", time.Now().UnixNano(), filepath.Base(blobName)))
+	dst := of.fs.lostFoundPath(blobName)
 	// Journaled first, as in close: a successor must not upload it. Not
 	// as a removal: if this process dies before the move, the data stays
 	// in the spill directory.

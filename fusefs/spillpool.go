@@ -91,6 +91,9 @@ func (p *spillPool) put(f *os.File) {
 	p.mu.Lock()
 	full := len(p.free) >= maxPooledSpills
 	p.mu.Unlock()
+	// The record goes first: a spill file emptied but still named
+	// spill-* must not say it holds a file's changes.
+	forgetSpillRecord(f)
 	if !full && f.Truncate(0) == nil && os.Rename(name, pooledName(name)) == nil {
 		p.mu.Lock()
 		p.free = append(p.free, pooledSpill{f: f, name: name})

@@ -335,13 +335,40 @@ func mountWith(c *mountConfig, mountpoint string, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The default cache directory is made here, not by fusefs, so that
+	// it goes again with the mount: nobody would look in a fresh
+	// temporary directory of a mount that is gone.
+	madeCacheDir := ""
+	if c.fs.CacheDir == "" {
+		if c.fs.CacheDir, err = os.MkdirTemp("", "blobfs-cache-"); err != nil {
+			return fmt.Errorf("cache directory: %w", err)
+		}
+		madeCacheDir = c.fs.CacheDir
+	}
 	// In the foreground, one process mounts and serves: it has no
 	// supervisor to hold the mount, so the mount dies with it.
-	return serve(c, mp, logger, func(err error, desc string) {
+	err = serve(c, mp, logger, func(err error, desc string) {
 		if err == nil {
 			fmt.Fprintf(os.Stderr, "blobfs: mounted %s at %s\n", desc, mp)
 		}
 	}, nil)
+	if madeCacheDir != "" {
+		removeMadeCacheDir(madeCacheDir, logger)
+	}
+	return err
+}
+
+// removeMadeCacheDir removes a cache directory that this command made, once
+// its mount is gone. Only empty directories go: data that could not be
+// uploaded (lost+found, or spill files after a failed upload) stays, and
+// the log says where.
+func removeMadeCacheDir(dir string, logger *slog.Logger) {
+	for _, sub := range []string{"spill", "lost+found"} {
+		os.Remove(filepath.Join(dir, sub))
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		logger.Warn("cache directory kept: it holds data that was not uploaded", "dir", dir, "err", err)
+	}
 }
 
 // readyReporter returns a function that tells the process waiting on pipe

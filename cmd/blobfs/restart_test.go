@@ -578,3 +578,40 @@ func TestKeeperAndDriverKilled(t *testing.T) {
 	}
 	r.teardown(target, target2)
 }
+
+// TestKeeperAndDriverKilledWithFilesOpen: the keeper and the driver both
+// die while a pod has a file open for writing, so its data is only in a
+// spill file of the volume's cache directory. When the volume is served
+// again (the restarted driver repairs the dead staging mount), the file
+// is uploaded: a new pod reads it, and no spill file is left behind.
+func TestKeeperAndDriverKilledWithFilesOpen(t *testing.T) {
+	r, target := newPublishedRig(t)
+	f, err := os.OpenFile(filepath.Join(target, "open.txt"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("written, never closed"); err != nil {
+		t.Fatal(err)
+	}
+	spills := filepath.Join(r.dir, "cache", "*", "spill", "spill-*")
+	if left, _ := filepath.Glob(spills); len(left) == 0 {
+		t.Fatalf("no spill file for the open file under %s", spills)
+	}
+	r.killKeeper()
+	r.stopDriver(syscall.SIGKILL)
+	f.Close() // the mount is dead: the data stays in the spill file
+	r.startKeeper()
+	r.startDriver()
+	target2, err := r.publish("pod-b", r.secrets())
+	if err != nil {
+		t.Fatalf("NodePublishVolume after both died: %v", err)
+	}
+	b, err := os.ReadFile(filepath.Join(target2, "open.txt"))
+	if err != nil || string(b) != "written, never closed" {
+		t.Fatalf("new pod reads %q, %v", b, err)
+	}
+	if left, _ := filepath.Glob(spills); len(left) != 0 {
+		t.Errorf("spill files left in the cache directory: %v", left)
+	}
+	r.teardown(target, target2)
+}

@@ -202,9 +202,7 @@ func supervise(c *mountConfig, mp string, args []string, ready func(error, strin
 	}
 	err = s.run(ready)
 	if madeCacheDir {
-		// Removes nothing that holds data: only empty directories go.
-		os.Remove(filepath.Join(cacheDir, "spill"))
-		os.Remove(cacheDir)
+		removeMadeCacheDir(cacheDir, logger)
 	}
 	return err
 }

@@ -1,0 +1,263 @@
+package fusefs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// Spill files of a lost session.
+//
+// A process that dies with files open leaves their spill files in the cache
+// directory. While a keeper holds the mount, its state region names them
+// and the next server uploads them (adopt.go). When the keeper died too, the
+// region is gone and the mount with it; the spill files would stay there,
+// unknown, for ever. So every spill file carries its own record: which blob
+// it is for, whether it holds changes the store does not have, and the
+// condition under which the store still holds what the session started from
+// (the ETag it loaded or last committed, the ETag it truncated, or absence).
+// The next filesystem on the same cache directory (New) uploads each dirty
+// orphan under that condition, and moves it to lost+found when the blob
+// changed meanwhile; it removes clean ones.
+//
+// The record is an extended attribute of the spill file, not a file beside
+// it: setting one is a single atomic syscall (a process killed mid-update
+// leaves the old record or the new one), it follows the spill file through
+// the pool's renames, and it costs no inode (allocating inodes is what
+// makes small files slow on the cache disk, see spillpool.go). The spill
+// file's length is the size of its valid data: a WRITE is answered only
+// once its bytes are in it, and a truncate cuts it. Where the cache
+// directory's file system keeps no user extended attributes, orphans can
+// only go to lost+found; New says so once.
+//
+// Only one filesystem may recover a directory's orphans, and none while
+// another one uses the directory: each holds an exclusive flock on the
+// spill directory for its life (released by the kernel when the process
+// dies), and one that cannot take it leaves the files alone.
+
+// spillRecordXattr names the record's extended attribute.
+const spillRecordXattr = "user.blobfs.spill"
+
+// spillRecord is what a spill file says about itself. No secrets.
+type spillRecord struct {
+	// Blob is the blob's name when the record was written.
+	Blob string `json:"blob"`
+	// Dirty: the spill file holds changes the store does not have.
+	Dirty bool `json:"dirty"`
+	// IfMatch is the ETag of the blob the spill file's content started
+	// from; empty with IfNoneMatch when the blob did not exist.
+	IfMatch     string `json:"ifMatch,omitempty"`
+	IfNoneMatch bool   `json:"ifNoneMatch,omitempty"`
+	// Nonce names a commit that may have reached the store without its
+	// answer reaching the dead process (blobstore.MetaCommit).
+	Nonce string `json:"nonce,omitempty"`
+}
+
+// recordLocked writes the spill file's record, if it changed; dirty says
+// whether it holds changes the store lacks. The caller holds of.mu.
+func (of *openFile) recordLocked(dirty bool) {
+	if of.spill == nil {
+		return
+	}
+	fs := of.fs
+	path, ok := fs.pathOf(of.n)
+	rec := spillRecord{Blob: path, Dirty: dirty && ok && !of.unlinked, Nonce: of.commitNonce}
+	switch {
+	case of.baseETag != "":
+		rec.IfMatch = of.baseETag
+	case of.openETag != "":
+		rec.IfMatch = of.openETag
+	default:
+		rec.IfNoneMatch = true
+	}
+	b, err := json.Marshal(rec)
+	if err != nil || string(b) == of.recorded {
+		return
+	}
+	if fs.noSpillRecords.Load() {
+		return
+	}
+	if err := unix.Fsetxattr(int(of.spill.Fd()), spillRecordXattr, b, 0); err != nil {
+		if errors.Is(err, unix.ENOTSUP) {
+			fs.noSpillRecords.Store(true)
+			fs.log.Warn("the cache directory keeps no extended attributes: files being written when blobfs is killed with its keeper will go to lost+found instead of being uploaded",
+				"dir", fs.spillDir, "err", err)
+		} else {
+			fs.log.Warn("spill file: cannot record what it holds", "spill", of.spillPath, "err", err)
+		}
+		return
+	}
+	of.recorded = string(b)
+}
+
+// readSpillRecord reads a spill file's record; ok is false when it has
+// none.
+func readSpillRecord(f *os.File) (rec spillRecord, ok bool) {
+	buf := make([]byte, 4096)
+	n, err := unix.Fgetxattr(int(f.Fd()), spillRecordXattr, buf)
+	if err != nil || json.Unmarshal(buf[:n], &rec) != nil {
+		return spillRecord{}, false
+	}
+	return rec, true
+}
+
+// forgetSpillRecord removes a spill file's record: the file goes back to
+// the pool, emptied, and holds nothing of anyone's.
+func forgetSpillRecord(f *os.File) {
+	unix.Fremovexattr(int(f.Fd()), spillRecordXattr)
+}
+
+// lostFoundPath names a new file in CacheDir/lost+found for data of
+// blobName that could not be uploaded.
+func (fs *FS) lostFoundPath(blobName string) string {
+	dir := filepath.Join(fs.opts.CacheDir, "lost+found")
+	os.MkdirAll(dir, 0o700)
+	return filepath.Join(dir, fmt.Sprintf("%d-%s", time.Now().UnixNano(), filepath.Base(blobName)))
+}
+
+// lockSpillDir takes the spill directory for this filesystem: an exclusive
+// flock on the directory itself, held until Close (or the process's death).
+// It returns false when another filesystem holds it.
+func (fs *FS) lockSpillDir() bool {
+	d, err := os.Open(fs.spillDir)
+	if err != nil {
+		fs.log.Warn("cannot lock the spill directory; spill files of earlier sessions are not recovered", "dir", fs.spillDir, "err", err)
+		return false
+	}
+	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		d.Close()
+		fs.log.Warn("the cache directory is in use by another mount; spill files of earlier sessions are not recovered", "dir", fs.opts.CacheDir, "err", err)
+		return false
+	}
+	fs.spillLock = d
+	return true
+}
+
+// recoverOrphans uploads or keeps the spill files that no live file refers
+// to: those a dead process left (see the top of this file). Live ones are
+// those of the files restored from the state region.
+func (fs *FS) recoverOrphans(ctx context.Context) {
+	if fs.opts.ReadOnly {
+		// Nothing can be uploaded: leave them to a read-write mount.
+		if left, _ := filepath.Glob(filepath.Join(fs.spillDir, spillPrefix+"*")); len(left) > 0 {
+			fs.log.Warn("spill files of an earlier session are left for the next read-write mount", "dir", fs.spillDir, "files", len(left))
+		}
+		return
+	}
+	if !fs.lockSpillDir() {
+		return
+	}
+	live := map[string]bool{}
+	fs.mu.Lock()
+	for _, n := range fs.nodes.byID {
+		if of := n.file; of != nil && of.spillPath != "" {
+			live[of.spillPath] = true
+		}
+	}
+	fs.mu.Unlock()
+	entries, err := os.ReadDir(fs.spillDir)
+	if err != nil {
+		fs.log.Warn("cannot list the spill directory; spill files of earlier sessions are not recovered", "dir", fs.spillDir, "err", err)
+		return
+	}
+	for _, e := range entries {
+		path := filepath.Join(fs.spillDir, e.Name())
+		if !e.Type().IsRegular() || !strings.HasPrefix(e.Name(), spillPrefix) || live[path] {
+			continue
+		}
+		fs.recoverOrphan(ctx, path)
+	}
+}
+
+// recoverOrphan uploads one orphan spill file when the blob is as the dead
+// session left it, and otherwise moves it to lost+found.
+func (fs *FS) recoverOrphan(ctx context.Context, path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		fs.log.Warn("orphan spill file: cannot open it; left in place", "spill", path, "err", err)
+		return
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		fs.log.Warn("orphan spill file: cannot stat it; left in place", "spill", path, "err", err)
+		return
+	}
+	rec, ok := readSpillRecord(f)
+	switch {
+	case !ok && st.Size() == 0:
+		// Made and never written: a record is set before the first
+		// WRITE into a spill file is answered.
+		os.Remove(path)
+		return
+	case !ok:
+		fs.keepOrphan(path, "", st.Size(), errors.New("it has no record of the blob it belongs to"))
+		return
+	case !rec.Dirty:
+		// The store has its content (or the file was deleted).
+		os.Remove(path)
+		fs.log.Debug("orphan spill file held no unsaved data; removed", "spill", path, "blob", rec.Blob)
+		return
+	}
+	opts := blobstore.PutOptions{Conditions: blobstore.Conditions{IfMatch: rec.IfMatch, IfNoneMatch: rec.IfNoneMatch}}
+	if rec.IfMatch != "" {
+		// The blob as it was: keep its metadata (POSIX attributes), as
+		// the session's own commit would have.
+		if a, err := fs.store.Stat(ctx, rec.Blob); err == nil && a.ETag == rec.IfMatch {
+			opts.Metadata = copyMeta(a.Metadata)
+		}
+	}
+	if opts.Metadata == nil {
+		opts.Metadata = map[string]string{}
+	}
+	delete(opts.Metadata, blobstore.MetaMtime) // written now
+	delete(opts.Metadata, blobstore.MetaCommit)
+	up := func() (blobstore.Attrs, error) {
+		return blobstore.Upload(ctx, fs.store, rec.Blob, f, st.Size(), blobstore.UploadOptions{
+			BlockSize:   fs.opts.UploadBlockSize,
+			Concurrency: fs.opts.UploadConcurrency,
+			PutOptions:  opts,
+		})
+	}
+	_, err = up()
+	if err != nil && rec.Nonce != "" {
+		// The dead process's own commit may have landed, its answer
+		// lost: the condition then fails on our own data.
+		if a, serr := fs.store.Stat(ctx, rec.Blob); serr == nil {
+			if v, ok := metaValue(a.Metadata, blobstore.MetaCommit); ok && v == rec.Nonce {
+				opts.Conditions = blobstore.Conditions{IfMatch: a.ETag}
+				_, err = up()
+			}
+		}
+	}
+	if err != nil {
+		fs.keepOrphan(path, rec.Blob, st.Size(), err)
+		return
+	}
+	os.Remove(path)
+	fs.log.Info("uploaded a file left open by a lost session", "path", rec.Blob, "bytes", st.Size())
+}
+
+// keepOrphan moves an orphan spill file to lost+found and says why.
+func (fs *FS) keepOrphan(path, blob string, size int64, why error) {
+	name := blob
+	if name == "" {
+		name = filepath.Base(path)
+	}
+	dst := fs.lostFoundPath(name)
+	if err := os.Rename(path, dst); err != nil {
+		fs.log.Error("orphan spill file: cannot move it to lost+found; left in place", "spill", path, "path", blob, "err", err)
+		return
+	}
+	fs.log.Warn("a file left open by a lost session could not be uploaded; its data is kept in lost+found",
+		"path", blob, "kept", dst, "bytes", size, "reason", why)
+}

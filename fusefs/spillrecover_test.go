@@ -1,0 +1,224 @@
+package fusefs
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// loneServeEnv makes the test binary mount and serve by itself, with no
+// keeper and no launcher holding the mount (serveAlone): killing it loses
+// the session, as when the CSI driver and its keeper both die.
+const loneServeEnv = "BLOBFS_TEST_SERVE_ALONE"
+
+func serveAlone() error {
+	local, err := blobstore.NewLocal(os.Getenv("BLOBFS_TEST_STORE"))
+	if err != nil {
+		return err
+	}
+	fsys, err := New(local, Options{CacheDir: os.Getenv("BLOBFS_TEST_CACHE"), Logger: childLogger()})
+	if err != nil {
+		return err
+	}
+	sess, err := Mount(os.Getenv(loneServeEnv), fsys, MountOptions{Logger: childLogger()})
+	if err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	return sess.Wait()
+}
+
+// TestLostSessionSpillFilesRecovered: a mount's only serving process is
+// killed while files are open for writing, so the mount dies with their
+// data only in the cache directory. The next filesystem on the same store
+// and cache directory uploads what blobs nobody changed meanwhile, keeps in
+// lost+found (with a warning) what another writer overtook, does not bring
+// back a file deleted while open, and leaves no spill file behind.
+func TestLostSessionSpillFilesRecovered(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	storeDir, cache, mp := t.TempDir(), t.TempDir(), t.TempDir()
+	local, err := blobstore.NewLocal(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	type file struct {
+		name  string
+		seed  []byte // blob before the session; nil: none
+		flags int
+		write func(f *os.File) []byte // writes, returns the file's content after
+		// after runs once the session is lost, before the next mount.
+		after func(t *testing.T)
+		want  []byte // blob after recovery; nil: no blob
+		lost  bool   // the session's content is in lost+found
+	}
+	big := pattern(12<<20, 3) // more than one upload block: staged while written
+	old := pattern(100<<10, 5)
+	files := []*file{
+		{name: "created.bin", flags: os.O_WRONLY | os.O_CREATE | os.O_EXCL,
+			write: func(f *os.File) []byte { mustWriteAt(t, f, big, 0); return big }},
+		{name: "dir/created-plain.txt", flags: os.O_WRONLY | os.O_CREATE,
+			write: func(f *os.File) []byte { mustWriteAt(t, f, []byte("new file"), 0); return []byte("new file") }},
+		{name: "edited.bin", seed: old, flags: os.O_WRONLY,
+			write: func(f *os.File) []byte {
+				mustWriteAt(t, f, []byte("EDIT"), 1000)
+				b := bytes.Clone(old)
+				copy(b[1000:], "EDIT")
+				return b
+			}},
+		{name: "truncated.txt", seed: []byte("old content, longer than the new"), flags: os.O_WRONLY | os.O_TRUNC,
+			write: func(f *os.File) []byte { mustWriteAt(t, f, []byte("rewritten"), 0); return []byte("rewritten") }},
+		{name: "overtaken.txt", seed: []byte("before"), flags: os.O_WRONLY,
+			write: func(f *os.File) []byte { mustWriteAt(t, f, []byte("SESSION"), 0); return []byte("SESSION") },
+			after: func(t *testing.T) { putBlob(t, local, "overtaken.txt", []byte("another writer"), nil) },
+			lost:  true},
+		{name: "deleted.txt", flags: os.O_WRONLY | os.O_CREATE,
+			write: func(f *os.File) []byte {
+				mustWriteAt(t, f, []byte("doomed"), 0)
+				if err := os.Remove(join(mp, "deleted.txt")); err != nil {
+					t.Fatal(err)
+				}
+				return nil
+			}},
+	}
+	for _, f := range files {
+		if f.seed != nil {
+			putBlob(t, local, f.name, f.seed, nil)
+		}
+	}
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), loneServeEnv+"="+mp, "BLOBFS_TEST_STORE="+storeDir, "BLOBFS_TEST_CACHE="+cache)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); Unmount(mp, true) })
+	if line, _ := bufio.NewReader(out).ReadString('\n'); strings.TrimSpace(line) != "ready" {
+		t.Fatalf("serving process: %q", line)
+	}
+
+	if err := os.Mkdir(join(mp, "dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var open []*os.File
+	for _, f := range files {
+		h, err := os.OpenFile(join(mp, f.name), f.flags, 0o644)
+		if err != nil {
+			t.Fatalf("open %s: %v", f.name, err)
+		}
+		open = append(open, h)
+		written := f.write(h)
+		if f.lost {
+			f.want = []byte("another writer")
+			f.seed = written // what lost+found must hold
+		} else {
+			f.want = written
+		}
+	}
+	// The session dies with every file open, and its mount with it.
+	cmd.Process.Kill()
+	cmd.Wait()
+	for _, h := range open {
+		h.Close() // ENOTCONN: nobody serves
+	}
+	if err := Unmount(mp, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(spillFiles(t, cache)); n == 0 {
+		t.Fatal("the killed session left no spill file: the test kills it too late")
+	}
+	for _, f := range files {
+		if f.after != nil {
+			f.after(t)
+		}
+	}
+
+	// The next mount of the same volume.
+	log, logged := capturingLogger(t)
+	fsys, err := New(local, Options{CacheDir: cache, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+
+	lostFound := join(cache, "lost+found")
+	for _, f := range files {
+		t.Run(f.name, func(t *testing.T) {
+			if f.want == nil {
+				if _, err := local.Stat(ctx, f.name); !errors.Is(err, blobstore.ErrNotFound) {
+					t.Errorf("a file deleted while open is in the store after recovery (%v)", err)
+				}
+				return
+			}
+			wantBlob(t, local, f.name, f.want)
+			if f.lost {
+				kept, _ := filepath.Glob(join(lostFound, "*-"+filepath.Base(f.name)))
+				if len(kept) != 1 {
+					t.Fatalf("lost+found holds %v for %s, want one file", kept, f.name)
+				}
+				if got := mustRead(t, kept[0]); !bytes.Equal(got, f.seed) {
+					t.Errorf("lost+found %s holds %q, want the session's %q", kept[0], head(got), head(f.seed))
+				}
+				if !logLine(logged.String(), "WARN", f.name) {
+					t.Errorf("no warning names %s:\n%s", f.name, logged)
+				}
+			} else if !logLine(logged.String(), "INFO", f.name) {
+				t.Errorf("no log line says %s was uploaded:\n%s", f.name, logged)
+			}
+		})
+	}
+	if left := spillFiles(t, cache); len(left) != 0 {
+		t.Errorf("spill files left after recovery: %v", left)
+	}
+	if kept, _ := os.ReadDir(lostFound); len(kept) != 1 {
+		t.Errorf("lost+found holds %d files, want only the overtaken one", len(kept))
+	}
+}
+
+// logLine tells whether the log has a line at level naming path.
+func logLine(log, level, path string) bool {
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, "level="+level) && strings.Contains(l, "path="+path) {
+			return true
+		}
+	}
+	return false
+}
+
+func mustWriteAt(t *testing.T, f *os.File, b []byte, off int64) {
+	t.Helper()
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatalf("write %s: %v", f.Name(), err)
+	}
+}
+
+// spillFiles lists what the cache directory's spill directory holds.
+func spillFiles(t *testing.T, cache string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(join(cache, "spill"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
