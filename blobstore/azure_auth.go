@@ -136,6 +136,17 @@ func (c AzureConfig) String() string {
 	return fmt.Sprintf("azure container %q at %s (auth %s)", c.Container, t.serviceURL, t.mode)
 }
 
+// ID names the container for records that must tell stores apart (the
+// spill files of a cache directory): its URL, without credentials. It is
+// empty when the configuration is invalid.
+func (c AzureConfig) ID() string {
+	t, err := c.resolve()
+	if err != nil {
+		return ""
+	}
+	return t.serviceURL + t.container
+}
+
 // GoString keeps %#v from printing secrets too.
 func (c AzureConfig) GoString() string { return "blobstore.AzureConfig{" + c.String() + "}" }
 

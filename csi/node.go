@@ -125,6 +125,7 @@ func (d *Driver) cacheDirFor(volumeID string) string {
 func (d *Driver) mountSpec(volumeID string, cfg blobstore.AzureConfig, s mountSettings, readOnly bool) MountSpec {
 	spec := MountSpec{VolumeID: volumeID, Azure: cfg, FS: s.FS, Mount: s.Mount, Retry: s.Retry}
 	spec.FS.CacheDir = d.cacheDirFor(volumeID)
+	spec.FS.StoreID = volumeID
 	spec.FS.ReadOnly = readOnly
 	spec.Mount.ReadOnly = readOnly
 	return spec

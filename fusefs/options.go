@@ -15,6 +15,11 @@ type Options struct {
 	// local disk with room for the files open for writing at once.
 	// Default: a fresh directory under os.TempDir().
 	CacheDir string
+	// StoreID names the store (container and endpoint, never a secret) in
+	// the record every spill file carries, so that a cache directory used
+	// with another store later never uploads one store's data into
+	// another: such orphans go to lost+found. Empty: not recorded.
+	StoreID string
 	// BlockCacheBytes bounds the in-memory read block cache, read-ahead
 	// included. Default 256 MiB.
 	BlockCacheBytes int64

@@ -49,6 +49,8 @@ const spillRecordXattr = "user.blobfs.spill"
 
 // spillRecord is what a spill file says about itself. No secrets.
 type spillRecord struct {
+	// Store is Options.StoreID of the filesystem that wrote it.
+	Store string `json:"store,omitempty"`
 	// Blob is the blob's name when the record was written.
 	Blob string `json:"blob"`
 	// Dirty: the spill file holds changes the store does not have.
@@ -70,7 +72,7 @@ func (of *openFile) recordLocked(dirty bool) {
 	}
 	fs := of.fs
 	path, ok := fs.pathOf(of.n)
-	rec := spillRecord{Blob: path, Dirty: dirty && ok && !of.unlinked, Nonce: of.commitNonce}
+	rec := spillRecord{Store: fs.opts.StoreID, Blob: path, Dirty: dirty && ok && !of.unlinked, Nonce: of.commitNonce}
 	switch {
 	case of.baseETag != "":
 		rec.IfMatch = of.baseETag
@@ -201,6 +203,9 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) {
 		return
 	case !ok:
 		fs.keepOrphan(path, "", st.Size(), errors.New("it has no record of the blob it belongs to"))
+		return
+	case rec.Store != fs.opts.StoreID:
+		fs.keepOrphan(path, rec.Blob, st.Size(), fmt.Errorf("it was written for another store (%s), not this one (%s)", rec.Store, fs.opts.StoreID))
 		return
 	case !rec.Dirty:
 		// The store has its content (or the file was deleted).

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/blobfs/blobfs/blobstore"
 )
@@ -189,6 +192,42 @@ func TestLostSessionSpillFilesRecovered(t *testing.T) {
 	}
 	if kept, _ := os.ReadDir(lostFound); len(kept) != 1 {
 		t.Errorf("lost+found holds %d files, want only the overtaken one", len(kept))
+	}
+}
+
+// TestSpillFileOfAnotherStoreIsKept: a cache directory used by a mount of
+// one store and then by a mount of another never uploads the first one's
+// orphans into the second: they go to lost+found, with a warning.
+func TestSpillFileOfAnotherStoreIsKept(t *testing.T) {
+	cache := t.TempDir()
+	spillDir := join(cache, "spill")
+	if err := os.MkdirAll(spillDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	orphan := join(spillDir, spillPrefix+"orphan")
+	if err := os.WriteFile(orphan, []byte("data of store A"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(spillRecord{Store: "azure:https://a.example/one", Blob: "f.txt", Dirty: true, IfNoneMatch: true})
+	if err := unix.Setxattr(orphan, spillRecordXattr, rec, 0); err != nil {
+		t.Skipf("the temporary directory keeps no extended attributes: %v", err)
+	}
+	store := blobstore.NewMemory()
+	log, logged := capturingLogger(t)
+	fsys, err := New(store, Options{CacheDir: cache, StoreID: "azure:https://b.example/two", Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	if _, err := store.Stat(context.Background(), "f.txt"); !errors.Is(err, blobstore.ErrNotFound) {
+		t.Fatalf("another store's spill file was uploaded here (%v)", err)
+	}
+	kept, _ := filepath.Glob(join(cache, "lost+found", "*-f.txt"))
+	if len(kept) != 1 || string(mustRead(t, kept[0])) != "data of store A" {
+		t.Fatalf("lost+found holds %v, want the orphan's data", kept)
+	}
+	if !logLine(logged.String(), "WARN", "f.txt") || !strings.Contains(logged.String(), "another store") {
+		t.Errorf("no warning says why:\n%s", logged)
 	}
 }
 

@@ -194,6 +194,22 @@ func (c *mountConfig) azureConfigured() bool {
 	return c.localDir == "" && (a.Container != "" || a.Account != "" || a.ConnectionString != "" || a.Endpoint != "")
 }
 
+// storeID names the store in the records of spill files (see
+// fusefs.Options.StoreID).
+func (c *mountConfig) storeID() string {
+	if c.azureConfigured() {
+		return "azure:" + c.azure.ID()
+	}
+	dir := c.localDir
+	if dir == "" {
+		dir = defaultLocalDir()
+	}
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	return "local:" + dir
+}
+
 // defaultLocalDir is the embedded default store.
 func defaultLocalDir() string {
 	if os.Geteuid() == 0 {
@@ -275,6 +291,7 @@ func (c *mountConfig) fsOptions(logger *slog.Logger) (fusefs.Options, error) {
 	o.ReadBlockSize = c.readMB << 20
 	o.UploadBlockSize = c.uploadMB << 20
 	o.UID, o.GID, o.Umask = uint32(c.uid), uint32(c.gid), uint32(c.umask)
+	o.StoreID = c.storeID()
 	if o.PrefetchFiles <= 0 {
 		o.PrefetchFiles = -1 // the flag's 0 means "disabled"; Options' 0 means default
 	}
