@@ -1,6 +1,7 @@
 package csi
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -39,6 +40,9 @@ type driverOptions struct {
 	secrets    SecretGetter
 	metrics    string // metrics address
 	state      string // state dir; default a temp dir
+	// healthInterval runs the periodic health check this often; zero
+	// leaves it off, so that tests that do not test it are not raced.
+	healthInterval time.Duration
 }
 
 // testLogger writes the driver's log to the test log under -v only.
@@ -79,7 +83,7 @@ func startDriver(t testing.TB, o driverOptions) *testDriver {
 		StateDir:       o.state,
 		CacheDir:       filepath.Join(dir, "cache"),
 		MetricsAddress: o.metrics,
-		HealthInterval: -1,
+		HealthInterval: cmp.Or(o.healthInterval, -1),
 		Mounter:        o.mounter,
 		Containers:     o.containers,
 		Secrets:        o.secrets,

@@ -244,18 +244,33 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVo
 	}
 	// A staging path that is or passes through a symlink is refused, and
 	// nothing is followed or touched: whatever the symlink points at is
-	// not this driver's to unmount. The record stays (the health check
-	// reports the volume and leaves it).
+	// not this driver's to unmount (it never mounts through a symlink; a
+	// mount made before a directory was swapped went with the directory,
+	// and is served until it is unmounted). The record goes, so that the
+	// health check stops looking at the volume.
+	refuse := func(refusal error) (*csipb.NodeUnstageVolumeResponse, error) {
+		d.log.Warn("staging path is or passes through a symlink: not followed; its record is dropped",
+			"volume", id, "path", staging, "err", msgOf(refusal))
+		if ok && rec.StagingPath == staging {
+			if err := d.state.Delete(id); err != nil {
+				return nil, status.Errorf(codes.Internal, "%v", err)
+			}
+			d.forget(id)
+		}
+		return nil, refusal
+	}
 	mp, err := d.openMountPoint("staging_target_path", staging, false)
 	switch {
 	case errors.Is(err, errPathMissing):
+	case status.Code(err) == codes.InvalidArgument:
+		return refuse(err)
 	case err != nil:
 		return nil, err
 	default:
 		defer mp.Close()
 		switch st := d.mounter.Status(ctx, mp); st.State {
 		case PathSymlink:
-			return nil, invalid("%v", &symlinkError{field: "staging_target_path", path: staging, link: staging})
+			return refuse(invalid("%v", &symlinkError{field: "staging_target_path", path: staging, link: staging}))
 		case PathMounted, PathCorrupted:
 			// Uploads dirty data first; a failure leaves the mount for
 			// a retry.
