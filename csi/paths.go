@@ -88,7 +88,7 @@ type MountPoint struct {
 // looked at here: see MountPoint.kind and dir.
 func openMountPoint(root, field, path string, create bool) (*MountPoint, error) {
 	rel, err := filepath.Rel(root, path)
-	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
 		return nil, fmt.Errorf("%s %q is not inside %s", field, clip(path, 200), root)
 	}
 	comps := strings.Split(rel, "/")

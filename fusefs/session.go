@@ -175,6 +175,8 @@ func MountAt(dir *os.File, fs fuse.RawFileSystem, opts MountOptions) (*Session, 
 	}
 	s, err := Serve(mp, fd, fs, opts)
 	if err != nil {
+		// By path: the mount is on dir, but umount2 takes a path (a
+		// caller that must not follow one unmounts itself on error).
 		unmount(mp, true)
 		syscall.Close(fd)
 		return nil, err
