@@ -19,15 +19,16 @@ import (
 // this process, Azurite; needs root, /dev/fuse and BLOBFS_TEST_AZURITE).
 type backend struct {
 	name  string
-	start func(t *testing.T) (*testDriver, azurite)
+	start func(t *testing.T, o driverOptions) (*testDriver, azurite)
 }
 
 var backends = []backend{
-	{"fake", func(t *testing.T) (*testDriver, azurite) {
+	{"fake", func(t *testing.T, o driverOptions) (*testDriver, azurite) {
 		fc := newFakeContainers()
 		fm := newFakeMounter()
 		fm.containers = fc
-		d := startDriver(t, driverOptions{mounter: fm, containers: fc})
+		o.mounter, o.containers = fm, fc
+		d := startDriver(t, o)
 		t.Cleanup(func() {
 			if n := fm.count(); n != 0 {
 				t.Errorf("%d fake mounts left", n)
@@ -35,10 +36,10 @@ var backends = []backend{
 		})
 		return d, azurite{account: blobstore.AzuriteAccount, endpoint: "http://127.0.0.1:10000/" + blobstore.AzuriteAccount, key: blobstore.AzuriteAccountKey}
 	}},
-	{"real", func(t *testing.T) (*testDriver, azurite) {
+	{"real", func(t *testing.T, o driverOptions) (*testDriver, azurite) {
 		needFUSE(t)
 		az := azuriteEnv(t)
-		return startDriver(t, driverOptions{}), az
+		return startDriver(t, o), az
 	}},
 }
 
@@ -49,7 +50,7 @@ var backends = []backend{
 func TestBadInput(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
-			d, az := b.start(t)
+			d, az := b.start(t, driverOptions{})
 			ctx := context.Background()
 			vol, err := d.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "bad-input-vol", Parameters: az.params(), Secrets: az.secrets(),
 				VolumeCapabilities: []*csipb.VolumeCapability{mountCap(rwx)}})

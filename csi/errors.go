@@ -24,7 +24,12 @@ func storeError(what string, err error) error {
 	}
 	msg := fmt.Sprintf("%s: %v", what, err)
 	code := codes.Internal
+	var symlink *symlinkError
 	switch {
+	case errors.As(err, &symlink):
+		// A path swapped for a symlink between the request's check
+		// and the mount: refused like one found at the check.
+		return invalid("%v", symlink)
 	case errors.Is(err, blobstore.ErrNotFound):
 		code = codes.NotFound
 	case errors.Is(err, blobstore.ErrUnauthorized):
@@ -39,6 +44,19 @@ func storeError(what string, err error) error {
 		code = codes.FailedPrecondition
 	}
 	return status.Error(code, msg)
+}
+
+// pathError maps a failure to open or create a staging or target
+// directory: a symlink there is the request's fault.
+func pathError(err error) error {
+	if _, ok := status.FromError(err); ok && status.Code(err) != codes.Unknown {
+		return err
+	}
+	var symlink *symlinkError
+	if errors.As(err, &symlink) {
+		return invalid("%v", symlink)
+	}
+	return status.Errorf(codes.Internal, "%v", err)
 }
 
 // busy is the answer when another operation holds the volume.

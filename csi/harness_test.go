@@ -1,8 +1,8 @@
 package csi
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -41,6 +41,9 @@ type driverOptions struct {
 	metrics    string // metrics address
 	state      string // state dir; default a temp dir
 	logger     *slog.Logger
+	// healthInterval runs the periodic health check this often; zero
+	// leaves it off, so that tests that do not test it are not raced.
+	healthInterval time.Duration
 }
 
 // testLogger writes the driver's log to the test log under -v only.
@@ -81,7 +84,7 @@ func startDriver(t testing.TB, o driverOptions) *testDriver {
 		StateDir:       o.state,
 		CacheDir:       filepath.Join(dir, "cache"),
 		MetricsAddress: o.metrics,
-		HealthInterval: -1,
+		HealthInterval: cmp.Or(o.healthInterval, -1),
 		Mounter:        o.mounter,
 		Containers:     o.containers,
 		Secrets:        o.secrets,
@@ -198,10 +201,15 @@ func (a azurite) params() map[string]string {
 // --- fakes ---------------------------------------------------------------
 
 // fakeMounter keeps mounts in a table instead of the kernel. Paths are
-// real directories, so that the driver's mkdir and remove run for real.
+// real directories, so that the driver's mkdir and remove run for real,
+// and a mount is "made" on the directory the MountPoint opens, as the
+// real mounter's: where that directory really is is kept in real, so that
+// a test can tell a mount that would have landed outside the kubelet
+// directory.
 type fakeMounter struct {
 	mu     sync.Mutex
 	mounts map[string]string // path -> "blobfs:CONTAINER" or "bind:SOURCE"
+	real   map[string]string // path -> where the directory mounted on really is
 	dead   map[string]bool
 	specs  map[string]MountSpec
 	// mountErr, when set, is what MountVolume fails with.
@@ -212,10 +220,30 @@ type fakeMounter struct {
 }
 
 func newFakeMounter() *fakeMounter {
-	return &fakeMounter{mounts: map[string]string{}, dead: map[string]bool{}, specs: map[string]MountSpec{}}
+	return &fakeMounter{mounts: map[string]string{}, real: map[string]string{}, dead: map[string]bool{}, specs: map[string]MountSpec{}}
 }
 
-func (f *fakeMounter) MountVolume(ctx context.Context, target string, spec MountSpec) error {
+// mountOn opens mp's directory as the real mounter does, refuses to stack
+// a mount, and records the mount. f.mu is held.
+func (f *fakeMounter) mountOn(mp *MountPoint, what string) error {
+	dir, err := mp.dir()
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	if _, ok := f.mounts[mp.Path]; ok {
+		return fmt.Errorf("%s is mounted already: not mounting on top of it", mp.Path)
+	}
+	real, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", dir.Fd()))
+	if err != nil {
+		return err
+	}
+	f.mounts[mp.Path] = what
+	f.real[mp.Path] = real
+	return nil
+}
+
+func (f *fakeMounter) MountVolume(ctx context.Context, mp *MountPoint, spec MountSpec) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.mountErr != nil {
@@ -229,53 +257,67 @@ func (f *fakeMounter) MountVolume(ctx context.Context, target string, spec Mount
 			return err
 		}
 	}
-	if st, err := os.Stat(target); err != nil || !st.IsDir() {
-		return fmt.Errorf("mountpoint %s: not a directory", target)
+	if err := f.mountOn(mp, "blobfs:"+spec.Azure.Container); err != nil {
+		return err
 	}
-	if _, ok := f.mounts[target]; ok {
-		return fmt.Errorf("%s is already mounted", target)
-	}
-	f.mounts[target] = "blobfs:" + spec.Azure.Container
-	f.specs[target] = spec
+	f.specs[mp.Path] = spec
 	return nil
 }
 
-func (f *fakeMounter) UnmountVolume(ctx context.Context, target string) error {
-	return f.Unmount(target)
+func (f *fakeMounter) UnmountVolume(ctx context.Context, mp *MountPoint) error {
+	return f.Unmount(mp)
 }
 
-func (f *fakeMounter) BindMount(source, target string, readOnly bool) error {
+func (f *fakeMounter) BindMount(source, target *MountPoint, readOnly bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, ok := f.mounts[source]; !ok {
-		return fmt.Errorf("bind source %s is not mounted", source)
+	if _, ok := f.mounts[source.Path]; !ok {
+		return fmt.Errorf("bind source %s is not mounted", source.Path)
 	}
-	f.mounts[target] = "bind:" + source
+	return f.mountOn(target, "bind:"+source.Path)
+}
+
+func (f *fakeMounter) Unmount(mp *MountPoint) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.mounts, mp.Path)
+	delete(f.real, mp.Path)
+	delete(f.dead, mp.Path)
+	delete(f.specs, mp.Path)
 	return nil
 }
 
-func (f *fakeMounter) Unmount(target string) error {
+func (f *fakeMounter) Status(ctx context.Context, mp *MountPoint) PathStatus {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.mounts, target)
-	delete(f.dead, target)
-	delete(f.specs, target)
-	return nil
-}
-
-func (f *fakeMounter) Status(ctx context.Context, path string) PathStatus {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if _, ok := f.mounts[path]; ok {
-		if f.dead[path] {
+	if _, ok := f.mounts[mp.Path]; ok {
+		if f.dead[mp.Path] {
 			return PathStatus{State: PathCorrupted, Err: unix.ENOTCONN}
 		}
 		return PathStatus{State: PathMounted}
 	}
-	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+	switch k, _, err := mp.kind(); {
+	case err != nil:
+		return PathStatus{State: PathCorrupted, Err: err}
+	case k == kindMissing:
 		return PathStatus{State: PathMissing}
+	case k == kindSymlink:
+		return PathStatus{State: PathSymlink}
 	}
 	return PathStatus{State: PathNotMounted}
+}
+
+// outside lists the fake mounts whose directory is not inside dir.
+func (f *fakeMounter) outside(dir string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for p, real := range f.real {
+		if !strings.HasPrefix(real, dir+"/") {
+			out = append(out, p+" -> "+real)
+		}
+	}
+	return out
 }
 
 func (f *fakeMounter) count() int {

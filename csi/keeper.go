@@ -135,7 +135,7 @@ func (m *BlobfsMounter) adopt(h fusefs.HeldMount) (AdoptedMount, error) {
 	if err != nil {
 		return AdoptedMount{}, err
 	}
-	if _, err := m.serve(rec.Target, fd, h.State, store, rec.Spec); err != nil {
+	if _, err := m.serve(rec.Target, nil, fd, h.State, store, rec.Spec); err != nil {
 		unix.Close(fd)
 		return AdoptedMount{}, err
 	}

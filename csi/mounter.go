@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -22,25 +21,30 @@ import (
 // real one (BlobfsMounter) serves blobfs in this process; tests use a fake.
 // A later keeper process that holds /dev/fuse across restarts plugs in
 // here too.
+//
+// Every path is a *MountPoint, opened below the kubelet directory without
+// following symlinks (paths.go): a mounter acts through it, never through
+// the path, and keys its tables by MountPoint.Path. No method mounts on
+// top of an existing mount.
 type Mounter interface {
 	// MountVolume mounts the container of spec at target (an existing
-	// directory) and serves it. It checks the container and the
-	// credentials first: its errors wrap blobstore's sentinels
-	// (ErrNotFound, ErrUnauthorized, ...).
-	MountVolume(ctx context.Context, target string, spec MountSpec) error
+	// directory with nothing mounted on it) and serves it. It checks the
+	// container and the credentials first: its errors wrap blobstore's
+	// sentinels (ErrNotFound, ErrUnauthorized, ...).
+	MountVolume(ctx context.Context, target *MountPoint, spec MountSpec) error
 	// UnmountVolume uploads the dirty data of the blobfs mount at target,
 	// then unmounts it (detaching it lazily if it is busy). A dead mount
 	// or one this process does not serve is detached. Not mounted is
 	// success.
-	UnmountVolume(ctx context.Context, target string) error
-	// BindMount bind-mounts source at target (an existing directory),
-	// read-only if asked.
-	BindMount(source, target string, readOnly bool) error
+	UnmountVolume(ctx context.Context, target *MountPoint) error
+	// BindMount bind-mounts the mount at source at target (an existing
+	// directory with nothing mounted on it), read-only if asked.
+	BindMount(source, target *MountPoint, readOnly bool) error
 	// Unmount removes a bind mount (or a dead mount) at target, lazily if
 	// it is busy. Not mounted is success.
-	Unmount(target string) error
-	// Status says what is at path.
-	Status(ctx context.Context, path string) PathStatus
+	Unmount(target *MountPoint) error
+	// Status says what is at target.
+	Status(ctx context.Context, target *MountPoint) PathStatus
 }
 
 // MountSpec is one blobfs mount. It holds credentials: never log or
@@ -61,10 +65,11 @@ const (
 	PathNotMounted                  // a directory or file, no mount
 	PathMounted                     // a mount that answers
 	PathCorrupted                   // a mount whose server is gone or hangs
+	PathSymlink                     // a symlink: never followed, never mounted on
 )
 
 func (s PathState) String() string {
-	return [...]string{"missing", "not mounted", "mounted", "corrupted"}[s]
+	return [...]string{"missing", "not mounted", "mounted", "corrupted", "symlink"}[s]
 }
 
 // PathStatus is a path's state, with the error that made it corrupted.
@@ -113,7 +118,8 @@ func NewBlobfsMounter(log *slog.Logger, metrics *Metrics) *BlobfsMounter {
 	return &BlobfsMounter{log: log, metrics: metrics, checkTimeout: 30 * time.Second, mounts: map[string]*liveMount{}}
 }
 
-func (m *BlobfsMounter) MountVolume(ctx context.Context, target string, spec MountSpec) error {
+func (m *BlobfsMounter) MountVolume(ctx context.Context, mp *MountPoint, spec MountSpec) error {
+	target := mp.Path
 	m.mu.Lock()
 	_, busy := m.mounts[target]
 	m.mu.Unlock()
@@ -136,7 +142,7 @@ func (m *BlobfsMounter) MountVolume(ctx context.Context, target string, spec Mou
 			return err
 		}
 	}
-	lm, err := m.serve(target, -1, state, store, spec)
+	lm, err := m.serveAt(mp, state, store, spec)
 	if err != nil {
 		if state != nil {
 			state.Close()
@@ -161,9 +167,51 @@ func (m *BlobfsMounter) openStore(spec MountSpec) (blobstore.Store, error) {
 	return blobstore.NewRetrying(store, spec.Retry), nil
 }
 
-// serve mounts spec at target and serves it (fuseFD < 0), or serves the
-// live mount on fuseFD whose state region is state (adoption).
-func (m *BlobfsMounter) serve(target string, fuseFD int, state *os.File, store blobstore.Store, spec MountSpec) (*liveMount, error) {
+// serveAt mounts spec on the directory mp and serves it. The directory is
+// opened (without following a symlink) and checked to have nothing mounted
+// on it just before the mount, which is made on the open directory: it
+// cannot land anywhere else, and never on top of another mount.
+func (m *BlobfsMounter) serveAt(mp *MountPoint, state *os.File, store blobstore.Store, spec MountSpec) (*liveMount, error) {
+	dir, err := openUnmounted(mp)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	return m.serve(mp.Path, dir, -1, state, store, spec)
+}
+
+// openUnmounted opens the directory mp for a mount on it: a symlink, or a
+// directory something is mounted on already, is an error. Only this
+// driver mounts below the kubelet directory, under the volume's lock, so
+// nothing mounts there between this check and the mount.
+func openUnmounted(mp *MountPoint) (*os.File, error) {
+	dir, err := mp.dir()
+	if err != nil {
+		return nil, err
+	}
+	if root, err := isMountRoot(dir); err != nil || root {
+		dir.Close()
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%s is mounted already: not mounting on top of it", mp.Path)
+	}
+	return dir, nil
+}
+
+// isMountRoot tells whether the open directory f is the root of a mount,
+// without asking its filesystem (AT_STATX_DONT_SYNC).
+func isMountRoot(f *os.File) (bool, error) {
+	var st unix.Statx_t
+	if err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE, &st); err != nil {
+		return false, fmt.Errorf("statx %s: %w", f.Name(), err)
+	}
+	return st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
+}
+
+// serve mounts spec on dir (fuseFD < 0), or serves the live mount on
+// fuseFD whose state region is state (adoption), at target.
+func (m *BlobfsMounter) serve(target string, dir *os.File, fuseFD int, state *os.File, store blobstore.Store, spec MountSpec) (*liveMount, error) {
 	opts := spec.FS
 	if opts.Logger == nil {
 		opts.Logger = m.log.With("volume", spec.VolumeID)
@@ -188,7 +236,7 @@ func (m *BlobfsMounter) serve(target string, fuseFD int, state *os.File, store b
 	}
 	var sess *fusefs.Session
 	if fuseFD < 0 {
-		sess, err = fusefs.Mount(target, served, mo)
+		sess, err = fusefs.MountAt(dir, served, mo)
 	} else {
 		sess, err = fusefs.Serve(target, fuseFD, served, mo)
 	}
@@ -224,7 +272,13 @@ func (m *BlobfsMounter) watch(target string, lm *liveMount) {
 			m.log.Error("upload after unmount failed; data kept in the cache directory", "mountpoint", target, "err", err)
 		}
 		cancel()
-		if m.keeper != nil {
+		m.mu.Lock()
+		// A mount that outlived its UnmountVolume (still mounted
+		// elsewhere) may have been followed by a new one at target:
+		// the keeper's record is then the new one's.
+		replaced := m.mounts[target] != nil && m.mounts[target] != lm
+		m.mu.Unlock()
+		if m.keeper != nil && !replaced {
 			if err := m.keeper.Drop(target); err != nil {
 				m.log.Warn("keeper: drop", "mountpoint", target, "err", err)
 			}
@@ -245,24 +299,26 @@ func (m *BlobfsMounter) watch(target string, lm *liveMount) {
 	close(lm.done)
 }
 
-func (m *BlobfsMounter) UnmountVolume(ctx context.Context, target string) error {
+func (m *BlobfsMounter) UnmountVolume(ctx context.Context, mp *MountPoint) error {
+	target := mp.Path
 	m.mu.Lock()
 	lm := m.mounts[target]
 	m.mu.Unlock()
 	if lm == nil {
 		// Not ours (a dead mount left by an earlier process) or nothing.
-		return m.Unmount(target)
+		return m.Unmount(mp)
 	}
 	if err := lm.fs.Sync(ctx); err != nil {
 		return fmt.Errorf("upload dirty data before unmount: %w", err)
 	}
-	err := fusefs.Unmount(target, false)
+	dev, devErr := mountDevice(mp)
+	err := mp.unmount(0)
 	switch {
 	case errors.Is(err, unix.EBUSY):
 		// A process still has a file open: detach now, serve it until it
 		// lets go (watch uploads what it writes meanwhile).
 		m.log.Warn("mount busy; detaching lazily", "mountpoint", target)
-		if err := fusefs.Unmount(target, true); err != nil {
+		if err := mp.unmount(unix.MNT_DETACH); err != nil {
 			return fmt.Errorf("unmount %s: %w", target, err)
 		}
 		return nil
@@ -270,6 +326,33 @@ func (m *BlobfsMounter) UnmountVolume(ctx context.Context, target string) error 
 		// Already unmounted from outside; watch is finishing.
 	case err != nil:
 		return fmt.Errorf("unmount %s: %w", target, err)
+	}
+	t := time.NewTimer(unmountWait)
+	defer t.Stop()
+	select {
+	case <-lm.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("unmount %s: waiting for the filesystem to finish: %w", target, ctx.Err())
+	case <-t.C:
+	}
+	// The session ends only when the filesystem's last mount goes. If it
+	// is still mounted somewhere else (a bind mount this driver did not
+	// make, or one an older version made through a symlink, outside the
+	// kubelet directory), waiting would last until the caller's deadline:
+	// say where, leave those mounts alone (they are not this driver's to
+	// remove), and serve them until they go.
+	if devErr == nil {
+		if others := mountsOfDevice(dev); len(others) > 0 {
+			m.log.Warn("unmounted, but the filesystem is still mounted elsewhere; serving it until those mounts go",
+				"mountpoint", target, "elsewhere", others)
+			m.mu.Lock()
+			if m.mounts[target] == lm {
+				delete(m.mounts, target) // the path may be mounted again
+			}
+			m.mu.Unlock()
+			return nil
+		}
 	}
 	select {
 	case <-lm.done:
@@ -279,61 +362,130 @@ func (m *BlobfsMounter) UnmountVolume(ctx context.Context, target string) error 
 	}
 }
 
-func (m *BlobfsMounter) BindMount(source, target string, readOnly bool) error {
-	if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind mount %s at %s: %w", source, target, err)
+// unmountWait is how long UnmountVolume waits for a session to end before
+// it looks for other mounts of the filesystem that keep it alive.
+const unmountWait = 5 * time.Second
+
+// mountDevice is the device number (major:minor, as in mountinfo) of the
+// mount on mp, without asking its filesystem.
+func mountDevice(mp *MountPoint) (string, error) {
+	dir, err := mp.dir()
+	if err != nil {
+		return "", err
 	}
-	if readOnly {
-		// A bind mount takes read-only only on a remount; keep nosuid and
-		// nodev, which the blobfs mount has.
-		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV)
-		if err := unix.Mount("", target, "", flags, ""); err != nil {
-			unix.Unmount(target, unix.MNT_DETACH)
-			return fmt.Errorf("remount %s read-only: %w", target, err)
+	defer dir.Close()
+	var st unix.Statx_t
+	if err := unix.Statx(int(dir.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, 0, &st); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%d:%d", st.Dev_major, st.Dev_minor), nil
+}
+
+// mountsOfDevice lists the mount points of the filesystem dev in this
+// mount namespace.
+func mountsOfDevice(dev string) []string {
+	infos, err := mountutils.ParseMountInfo("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, mi := range infos {
+		if fmt.Sprintf("%d:%d", mi.Major, mi.Minor) == dev {
+			out = append(out, mi.MountPoint)
 		}
+	}
+	return out
+}
+
+// BindMount clones the mount at source (open_tree) and attaches the clone
+// to the target directory (move_mount), both through directories opened
+// without following symlinks: the bind mount cannot land outside the
+// kubelet directory, and it is read-only (mount_setattr) before it is
+// ever visible. Linux 5.12 or later.
+func (m *BlobfsMounter) BindMount(source, target *MountPoint, readOnly bool) error {
+	src, err := source.dir()
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	if root, err := isMountRoot(src); err != nil || !root {
+		if err == nil {
+			err = errors.New("nothing is mounted there")
+		}
+		return fmt.Errorf("bind mount from %s: %w", source.Path, err)
+	}
+	dst, err := openUnmounted(target)
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	tree, err := unix.OpenTree(int(src.Fd()), "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return fmt.Errorf("bind mount %s at %s: clone the mount: %w", source.Path, target.Path, err)
+	}
+	// Until it is attached, the clone is dropped when its fd is closed.
+	defer unix.Close(tree)
+	if readOnly {
+		// nosuid and nodev come with the clone (the blobfs mount has
+		// them); setting them again is harmless.
+		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, attr); err != nil {
+			return fmt.Errorf("make the bind mount of %s read-only: %w", source.Path, err)
+		}
+	}
+	if err := unix.MoveMount(tree, "", int(dst.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("bind mount %s at %s: %w", source.Path, target.Path, err)
 	}
 	return nil
 }
 
-func (m *BlobfsMounter) Unmount(target string) error {
-	err := unix.Unmount(target, 0)
+func (m *BlobfsMounter) Unmount(mp *MountPoint) error {
+	err := mp.unmount(0)
 	switch {
 	case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+		// EINVAL: not a mount point (a symlink is not one either:
+		// UMOUNT_NOFOLLOW).
 		return nil
 	case errors.Is(err, unix.EBUSY):
-		if err := unix.Unmount(target, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("unmount %s: %w", target, err)
+		if err := mp.unmount(unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("unmount %s: %w", mp.Path, err)
 		}
 		return nil
 	}
-	return fmt.Errorf("unmount %s: %w", target, err)
+	return fmt.Errorf("unmount %s: %w", mp.Path, err)
 }
 
 // statTimeout bounds the stat that tells a live mount from a hung one.
 const statTimeout = 5 * time.Second
 
-func (m *BlobfsMounter) Status(ctx context.Context, path string) PathStatus {
-	return pathStatus(ctx, path)
+func (m *BlobfsMounter) Status(ctx context.Context, mp *MountPoint) PathStatus {
+	return pathStatus(ctx, mp)
 }
 
-// pathStatus looks a path up in the mount table first (which never
-// touches a mount) and only then stats it, with a timeout, so that a hung
-// mount cannot hang the caller.
-func pathStatus(ctx context.Context, path string) PathStatus {
-	mounted, err := isMountPoint(path)
+// pathStatus asks whether something is mounted on mp without touching the
+// mount (statx that asks no filesystem), and only then asks the mount, with
+// a timeout, so that a hung mount cannot hang the caller. It works on the
+// directory, not on the path: a symlink is reported as one, never
+// followed, and a mount is found whatever the mount table calls its path.
+func pathStatus(ctx context.Context, mp *MountPoint) PathStatus {
+	kind, mounted, err := mp.kind()
+	switch {
+	case err != nil:
+		return PathStatus{State: PathCorrupted, Err: err}
+	case kind == kindMissing:
+		return PathStatus{State: PathMissing}
+	case kind == kindSymlink:
+		return PathStatus{State: PathSymlink}
+	case !mounted:
+		return PathStatus{State: PathNotMounted}
+	}
+	dir, err := mp.dir()
 	if err != nil {
 		return PathStatus{State: PathCorrupted, Err: err}
 	}
-	if !mounted {
-		if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
-			return PathStatus{State: PathMissing}
-		} else if err != nil && mountutils.IsCorruptedMnt(err) {
-			return PathStatus{State: PathCorrupted, Err: err}
-		}
-		return PathStatus{State: PathNotMounted}
-	}
 	errc := make(chan error, 1)
 	go func() {
+		defer dir.Close()
 		// statfs, not stat: a FUSE filesystem's statfs always asks
 		// its server, so a dead one answers ENOTCONN, while stat of a
 		// dead mount's root succeeds from attributes the kernel still
@@ -342,7 +494,7 @@ func pathStatus(ctx context.Context, path string) PathStatus {
 		// and bind-mounted it for a new pod (TestKeeperAndDriverKilled
 		// failed so under load).
 		var st unix.Statfs_t
-		errc <- unix.Statfs(path, &st)
+		errc <- unix.Fstatfs(int(dir.Fd()), &st)
 	}()
 	t := time.NewTimer(statTimeout)
 	defer t.Stop()
@@ -351,31 +503,12 @@ func pathStatus(ctx context.Context, path string) PathStatus {
 		if err == nil {
 			return PathStatus{State: PathMounted}
 		}
-		if mountutils.IsCorruptedMnt(err) {
-			return PathStatus{State: PathCorrupted, Err: err}
-		}
 		return PathStatus{State: PathCorrupted, Err: err}
 	case <-t.C:
-		return PathStatus{State: PathCorrupted, Err: fmt.Errorf("mount at %s does not answer within %v", path, statTimeout)}
+		return PathStatus{State: PathCorrupted, Err: fmt.Errorf("mount at %s does not answer within %v", mp.Path, statTimeout)}
 	case <-ctx.Done():
 		return PathStatus{State: PathCorrupted, Err: ctx.Err()}
 	}
-}
-
-// isMountPoint tells whether path is a mount point, from
-// /proc/self/mountinfo.
-func isMountPoint(path string) (bool, error) {
-	infos, err := mountutils.ParseMountInfo("/proc/self/mountinfo")
-	if err != nil {
-		return false, fmt.Errorf("read mount table: %w", err)
-	}
-	path = filepath.Clean(path)
-	for _, mi := range infos {
-		if mi.MountPoint == path {
-			return true, nil
-		}
-	}
-	return false, nil
 }
 
 // SyncAll uploads the dirty data of every mount served here: on shutdown,

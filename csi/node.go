@@ -177,7 +177,12 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolume
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %q is already staged at %s", v.volumeID, rec.StagingPath)
 		}
 	}
-	switch st := d.mounter.Status(ctx, staging); st.State {
+	mp, err := d.openForMount("staging_target_path", staging)
+	if err != nil {
+		return nil, err
+	}
+	defer mp.Close()
+	switch st := d.mounter.Status(ctx, mp); st.State {
 	case PathMounted:
 		// Already staged (a retry, or a record lost): the path names the
 		// volume (kubelet puts the hash of the volume id in it).
@@ -187,15 +192,15 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolume
 		}
 	case PathCorrupted:
 		d.log.Warn("staging path holds a dead mount; mounting again", "volume", v.volumeID, "path", staging, "err", st.Err)
-		if err := d.mounter.UnmountVolume(ctx, staging); err != nil {
+		if err := d.mounter.UnmountVolume(ctx, mp); err != nil {
 			return nil, status.Errorf(codes.Internal, "remove dead mount at %s: %v", staging, err)
 		}
 		fallthrough
 	default:
-		if err := os.MkdirAll(staging, 0o750); err != nil {
-			return nil, status.Errorf(codes.Internal, "create staging_target_path: %v", err)
+		if err := mp.mkdir(); err != nil {
+			return nil, pathError(err)
 		}
-		if err := d.mounter.MountVolume(ctx, staging, d.mountSpec(v.volumeID, v.cfg, v.settings, v.readOnly)); err != nil {
+		if err := d.mounter.MountVolume(ctx, mp, d.mountSpec(v.volumeID, v.cfg, v.settings, v.readOnly)); err != nil {
 			return nil, storeError(fmt.Sprintf("mount container %q at %s", v.id.Container, staging), err)
 		}
 	}
@@ -204,7 +209,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolume
 	if old, ok := d.state.Get(v.volumeID); ok {
 		rec.Targets = old.Targets
 	}
-	if err := d.recordMounted(ctx, v, rec, staging); err != nil {
+	if err := d.recordMounted(ctx, v, rec, mp); err != nil {
 		return nil, err
 	}
 	d.log.Info("volume staged", "volume", v.volumeID, "container", v.id.Container, "path", staging, "readOnly", v.readOnly)
@@ -231,16 +236,48 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVo
 	}
 	if ok {
 		for t := range rec.Targets {
-			if st := d.mounter.Status(ctx, t); st.State == PathMounted {
+			// A target that is gone, or reached only through a
+			// symlink, holds no mount of this driver's.
+			if st, _ := d.statusOf(ctx, "target_path", t); st.State == PathMounted {
 				return nil, status.Errorf(codes.FailedPrecondition, "volume %q is still published at %s; unpublish it first", id, t)
 			}
 		}
 	}
-	switch st := d.mounter.Status(ctx, staging); st.State {
-	case PathMounted, PathCorrupted:
-		// Uploads dirty data first; a failure leaves the mount for a retry.
-		if err := d.mounter.UnmountVolume(ctx, staging); err != nil {
-			return nil, storeError("unstage "+staging, err)
+	// A staging path that is or passes through a symlink is refused, and
+	// nothing is followed or touched: whatever the symlink points at is
+	// not this driver's to unmount (it never mounts through a symlink; a
+	// mount made before a directory was swapped went with the directory,
+	// and is served until it is unmounted). The record goes, so that the
+	// health check stops looking at the volume.
+	refuse := func(refusal error) (*csipb.NodeUnstageVolumeResponse, error) {
+		d.log.Warn("staging path is or passes through a symlink: not followed; its record is dropped",
+			"volume", id, "path", staging, "err", msgOf(refusal))
+		if ok && rec.StagingPath == staging {
+			if err := d.state.Delete(id); err != nil {
+				return nil, status.Errorf(codes.Internal, "%v", err)
+			}
+			d.forget(id)
+		}
+		return nil, refusal
+	}
+	mp, err := d.openMountPoint("staging_target_path", staging, false)
+	switch {
+	case errors.Is(err, errPathMissing):
+	case status.Code(err) == codes.InvalidArgument:
+		return refuse(err)
+	case err != nil:
+		return nil, err
+	default:
+		defer mp.Close()
+		switch st := d.mounter.Status(ctx, mp); st.State {
+		case PathSymlink:
+			return refuse(invalid("%v", &symlinkError{field: "staging_target_path", path: staging, link: staging}))
+		case PathMounted, PathCorrupted:
+			// Uploads dirty data first; a failure leaves the mount for
+			// a retry.
+			if err := d.mounter.UnmountVolume(ctx, mp); err != nil {
+				return nil, storeError("unstage "+staging, err)
+			}
 		}
 	}
 	if ok && rec.StagingPath == staging {
@@ -295,7 +332,28 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 	case ok && rec.StagingPath != staging:
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is staged at %s, not at %s", id, rec.StagingPath, staging)
 	}
-	switch st := d.mounter.Status(ctx, staging); {
+	smp, err := d.openMountPoint("staging_target_path", staging, false)
+	var sst PathStatus
+	switch {
+	case errors.Is(err, errPathMissing):
+		sst.State = PathMissing
+	case err != nil:
+		return nil, err
+	default:
+		defer smp.Close()
+		sst = d.mounter.Status(ctx, smp)
+	}
+	if sst.State == PathSymlink {
+		return nil, invalid("%v", &symlinkError{field: "staging_target_path", path: staging, link: staging})
+	}
+	// The target is opened before anything is mounted, so that a request
+	// whose target is refused changes nothing.
+	tmp, err := d.openForMount("target_path", target)
+	if err != nil {
+		return nil, err
+	}
+	defer tmp.Close()
+	switch st := sst; {
 	case st.State == PathMounted && !ok:
 		// Staged, but the record was lost: adopt the mount.
 		rec = VolumeRecord{VolumeID: id, StagingPath: staging, CredentialSource: "request"}
@@ -309,11 +367,17 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		if c, err := parseSecrets(req.GetSecrets(), "secrets"); err == nil && !c.empty() {
 			d.setCreds(id, c)
 		}
-		if err := d.remount(ctx, rec, staging, st); err != nil {
+		if err := d.remount(ctx, rec, "staging_target_path", staging, st); err != nil {
 			return nil, err
 		}
+		if smp == nil {
+			if smp, err = d.openMountPoint("staging_target_path", staging, false); err != nil {
+				return nil, pathError(err)
+			}
+			defer smp.Close()
+		}
 	}
-	switch st := d.mounter.Status(ctx, target); st.State {
+	switch st := d.mounter.Status(ctx, tmp); st.State {
 	case PathMounted:
 		if t, found := rec.Targets[target]; found {
 			if t.ReadOnly != ro {
@@ -322,26 +386,26 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 			return &csipb.NodePublishVolumeResponse{}, nil
 		}
 		// Something else is mounted there: replace it.
-		if err := d.mounter.Unmount(target); err != nil {
+		if err := d.mounter.Unmount(tmp); err != nil {
 			return nil, status.Errorf(codes.Internal, "%v", err)
 		}
 	case PathCorrupted:
-		if err := d.mounter.Unmount(target); err != nil {
+		if err := d.mounter.Unmount(tmp); err != nil {
 			return nil, status.Errorf(codes.Internal, "remove dead mount at %s: %v", target, err)
 		}
 	}
-	if err := os.MkdirAll(target, 0o750); err != nil {
-		return nil, status.Errorf(codes.Internal, "create target_path: %v", err)
+	if err := tmp.mkdir(); err != nil {
+		return nil, pathError(err)
 	}
-	if err := d.mounter.BindMount(staging, target, ro); err != nil {
-		return nil, status.Errorf(codes.Internal, "%v", err)
+	if err := d.mounter.BindMount(smp, tmp, ro); err != nil {
+		return nil, storeError("publish", err)
 	}
 	if rec.Targets == nil {
 		rec.Targets = map[string]TargetRecord{}
 	}
 	rec.Targets[target] = TargetRecord{ReadOnly: ro}
 	if err := d.state.Put(rec); err != nil {
-		d.mounter.Unmount(target)
+		d.mounter.Unmount(tmp)
 		return nil, status.Errorf(codes.Internal, "%v", err)
 	}
 	d.log.Info("volume published", "volume", id, "target", target, "readOnly", ro)
@@ -368,7 +432,12 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csipb.NodePublishVol
 			return nil, status.Errorf(codes.FailedPrecondition, "inline volume %q is already published at another target", v.volumeID)
 		}
 	}
-	switch st := d.mounter.Status(ctx, target); st.State {
+	mp, err := d.openForMount("target_path", target)
+	if err != nil {
+		return nil, err
+	}
+	defer mp.Close()
+	switch st := d.mounter.Status(ctx, mp); st.State {
 	case PathMounted:
 		if ok {
 			if rec.ReadOnly != v.readOnly {
@@ -379,21 +448,21 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csipb.NodePublishVol
 		}
 		fallthrough
 	case PathCorrupted:
-		if err := d.mounter.UnmountVolume(ctx, target); err != nil {
+		if err := d.mounter.UnmountVolume(ctx, mp); err != nil {
 			return nil, status.Errorf(codes.Internal, "remove old mount at %s: %v", target, err)
 		}
 	}
-	if err := os.MkdirAll(target, 0o750); err != nil {
-		return nil, status.Errorf(codes.Internal, "create target_path: %v", err)
+	if err := mp.mkdir(); err != nil {
+		return nil, pathError(err)
 	}
-	if err := d.mounter.MountVolume(ctx, target, d.mountSpec(v.volumeID, v.cfg, v.settings, v.readOnly)); err != nil {
-		os.Remove(target)
+	if err := d.mounter.MountVolume(ctx, mp, d.mountSpec(v.volumeID, v.cfg, v.settings, v.readOnly)); err != nil {
+		mp.remove()
 		return nil, storeError(fmt.Sprintf("mount container %q at %s", v.id.Container, target), err)
 	}
 	rec = v.record()
 	rec.Ephemeral = true
 	rec.Targets = map[string]TargetRecord{target: {ReadOnly: v.readOnly}}
-	if err := d.recordMounted(ctx, v, rec, target); err != nil {
+	if err := d.recordMounted(ctx, v, rec, mp); err != nil {
 		return nil, err
 	}
 	d.log.Info("inline volume published", "volume", v.volumeID, "container", v.id.Container, "target", target, "readOnly", v.readOnly)
@@ -415,35 +484,126 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpubli
 	defer d.locks.unlock(id)
 
 	rec, ok := d.state.Get(id)
-	switch st := d.mounter.Status(ctx, target); st.State {
-	case PathMounted, PathCorrupted:
-		// For an inline volume this uploads its dirty data first; for a
-		// bind mount it just unmounts.
-		if err := d.mounter.UnmountVolume(ctx, target); err != nil {
-			return nil, storeError("unpublish "+target, err)
-		}
-	}
-	// The CO created the parent; the target is ours to remove.
-	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, status.Errorf(codes.Internal, "remove target_path: %v", err)
-	}
-	if ok {
-		if _, found := rec.Targets[target]; found {
-			delete(rec.Targets, target)
-			var err error
-			if rec.Ephemeral {
-				err = d.state.Delete(id)
-				d.forget(id)
-			} else {
-				err = d.state.Put(rec)
-			}
-			if err != nil {
-				return nil, status.Errorf(codes.Internal, "%v", err)
+	mp, err := d.openMountPoint("target_path", target, false)
+	switch {
+	case errors.Is(err, errPathMissing):
+		// Nothing there: nothing to unmount or remove.
+	case status.Code(err) == codes.InvalidArgument:
+		return nil, d.unpublishSymlink(id, target, rec, ok, err)
+	case err != nil:
+		return nil, err
+	default:
+		defer mp.Close()
+		switch st := d.mounter.Status(ctx, mp); st.State {
+		case PathSymlink:
+			return nil, d.unpublishSymlink(id, target, rec, ok, invalid("%v", &symlinkError{field: "target_path", path: target, link: target}))
+		case PathMounted, PathCorrupted:
+			// For an inline volume this uploads its dirty data first;
+			// for a bind mount it just unmounts.
+			if err := d.mounter.UnmountVolume(ctx, mp); err != nil {
+				return nil, storeError("unpublish "+target, err)
 			}
 		}
+		// The CO created the parent; the target is ours to remove.
+		if err := mp.remove(); err != nil {
+			return nil, status.Errorf(codes.Internal, "remove target_path: %v", err)
+		}
+	}
+	if err := d.dropTarget(id, target, rec, ok); err != nil {
+		return nil, err
 	}
 	d.log.Info("volume unpublished", "volume", id, "target", target)
 	return &csipb.NodeUnpublishVolumeResponse{}, nil
+}
+
+// unpublishSymlink answers an unpublish whose target is or passes through
+// a symlink: nothing is followed, unmounted or removed (this driver never
+// mounts through a symlink, so nothing of its can be reached there: a bind
+// mount made before a directory was swapped went with the directory), the
+// record of the target is dropped so that the health check stops looking
+// at it, and the request is refused naming target_path.
+func (d *Driver) unpublishSymlink(id, target string, rec VolumeRecord, ok bool, refusal error) error {
+	d.log.Warn("target path is or passes through a symlink: not followed; its record is dropped",
+		"volume", id, "target", target, "err", status.Convert(refusal).Message())
+	if err := d.dropTarget(id, target, rec, ok); err != nil {
+		return err
+	}
+	return refusal
+}
+
+// dropTarget removes target from the volume's record (the record itself
+// for an inline volume).
+func (d *Driver) dropTarget(id, target string, rec VolumeRecord, ok bool) error {
+	if !ok {
+		return nil
+	}
+	if _, found := rec.Targets[target]; !found {
+		return nil
+	}
+	delete(rec.Targets, target)
+	var err error
+	if rec.Ephemeral {
+		err = d.state.Delete(id)
+		d.forget(id)
+	} else {
+		err = d.state.Put(rec)
+	}
+	if err != nil {
+		return status.Errorf(codes.Internal, "%v", err)
+	}
+	return nil
+}
+
+// openMountPoint opens a staging or target path (checked by checkPath)
+// below the kubelet directory without following symlinks (paths.go). A
+// path that passes through a symlink is InvalidArgument naming field; a
+// missing parent directory (create unset) is errPathMissing, unwrapped;
+// anything else is Internal. create makes missing parents (kubelet makes
+// them; a path kubelet did not make yet gets them as with mkdir -p).
+func (d *Driver) openMountPoint(field, path string, create bool) (*MountPoint, error) {
+	mp, err := openMountPoint(d.kubeletDir, field, path, create)
+	var symlink *symlinkError
+	switch {
+	case err == nil:
+		return mp, nil
+	case errors.As(err, &symlink):
+		return nil, invalid("%v", symlink)
+	case errors.Is(err, errPathMissing):
+		return nil, err
+	}
+	return nil, status.Errorf(codes.Internal, "%v", err)
+}
+
+// openForMount opens a path to mount on (stage, publish): its parents are
+// created, and a symlink anywhere on it, the last component included, is
+// InvalidArgument naming field.
+func (d *Driver) openForMount(field, path string) (*MountPoint, error) {
+	mp, err := d.openMountPoint(field, path, true)
+	if err != nil {
+		return nil, pathError(err)
+	}
+	if k, _, err := mp.kind(); err == nil && k == kindSymlink {
+		mp.Close()
+		return nil, invalid("%v", &symlinkError{field: field, path: path, link: path})
+	}
+	return mp, nil
+}
+
+// statusOf is the mounter's Status of a recorded path. A path that is
+// gone is PathMissing; one that is or passes through a symlink is
+// PathSymlink (and err says where): it is never followed.
+func (d *Driver) statusOf(ctx context.Context, field, path string) (PathStatus, error) {
+	mp, err := d.openMountPoint(field, path, false)
+	switch {
+	case errors.Is(err, errPathMissing):
+		return PathStatus{State: PathMissing}, nil
+	case status.Code(err) == codes.InvalidArgument:
+		return PathStatus{State: PathSymlink, Err: err}, err
+	case err != nil:
+		return PathStatus{State: PathCorrupted, Err: err}, err
+	}
+	defer mp.Close()
+	return d.mounter.Status(ctx, mp), nil
 }
 
 func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGetVolumeStatsRequest) (*csipb.NodeGetVolumeStatsResponse, error) {
@@ -464,15 +624,28 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGetVolum
 	abnormal := func(msg string) *csipb.NodeGetVolumeStatsResponse {
 		return &csipb.NodeGetVolumeStatsResponse{VolumeCondition: &csipb.VolumeCondition{Abnormal: true, Message: msg}}
 	}
-	st := d.mounter.Status(ctx, path)
+	mp, err := d.openMountPoint("volume_path", path, false)
+	if errors.Is(err, errPathMissing) {
+		return abnormal(fmt.Sprintf("%s is not mounted", path)), nil
+	} else if err != nil {
+		return abnormal(status.Convert(err).Message()), nil
+	}
+	defer mp.Close()
+	st := d.mounter.Status(ctx, mp)
 	switch st.State {
 	case PathMissing, PathNotMounted:
 		return abnormal(fmt.Sprintf("%s is not mounted", path)), nil
+	case PathSymlink:
+		return abnormal((&symlinkError{field: "volume_path", path: path, link: path}).Error()), nil
 	case PathCorrupted:
 		return abnormal(fmt.Sprintf("the mount at %s is dead: %v", path, st.Err)), nil
 	}
+	dir, err := mp.dir()
+	if err != nil {
+		return abnormal(err.Error()), nil
+	}
 	var fs unix.Statfs_t
-	if err := statfsTimeout(ctx, path, &fs); err != nil {
+	if err := statfsTimeout(ctx, dir, &fs); err != nil {
 		return abnormal(fmt.Sprintf("statfs %s: %v", path, err)), nil
 	}
 	bs := int64(fs.Bsize)
@@ -485,17 +658,19 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGetVolum
 	}, nil
 }
 
-// statfsTimeout is statfs(2) that gives up after statTimeout, so that a
-// hung mount cannot hang the caller (the goroutine stays until it returns).
-func statfsTimeout(ctx context.Context, path string, out *unix.Statfs_t) error {
+// statfsTimeout is fstatfs(2) of dir that gives up after statTimeout, so
+// that a hung mount cannot hang the caller (the goroutine stays until it
+// returns). It takes dir over and closes it.
+func statfsTimeout(ctx context.Context, dir *os.File, out *unix.Statfs_t) error {
 	type result struct {
 		st  unix.Statfs_t
 		err error
 	}
 	ch := make(chan result, 1)
 	go func() {
+		defer dir.Close()
 		var r result
-		r.err = unix.Statfs(path, &r.st)
+		r.err = unix.Fstatfs(int(dir.Fd()), &r.st)
 		ch <- r
 	}()
 	t := time.NewTimer(statTimeout)
@@ -558,7 +733,7 @@ func (d *Driver) credsFor(ctx context.Context, rec VolumeRecord) (credentials, e
 
 // remount mounts a recorded volume again at path (its staging path, or an
 // inline volume's target) after its mount was lost.
-func (d *Driver) remount(ctx context.Context, rec VolumeRecord, path string, st PathStatus) error {
+func (d *Driver) remount(ctx context.Context, rec VolumeRecord, field, path string, st PathStatus) error {
 	creds, err := d.credsFor(ctx, rec)
 	if err != nil {
 		d.markUnhealthy(rec.VolumeID, status.Convert(err).Message())
@@ -577,15 +752,20 @@ func (d *Driver) remount(ctx context.Context, rec VolumeRecord, path string, st 
 	if err != nil {
 		return status.Errorf(codes.Internal, "volume %q: %v", rec.VolumeID, err)
 	}
+	mp, err := d.openForMount(field, path)
+	if err != nil {
+		return err
+	}
+	defer mp.Close()
 	if st.State == PathCorrupted {
-		if err := d.mounter.UnmountVolume(ctx, path); err != nil {
+		if err := d.mounter.UnmountVolume(ctx, mp); err != nil {
 			return status.Errorf(codes.Internal, "remove dead mount at %s: %v", path, err)
 		}
 	}
-	if err := os.MkdirAll(path, 0o750); err != nil {
-		return status.Errorf(codes.Internal, "%v", err)
+	if err := mp.mkdir(); err != nil {
+		return pathError(err)
 	}
-	if err := d.mounter.MountVolume(ctx, path, d.mountSpec(rec.VolumeID, cfg, settings, rec.ReadOnly)); err != nil {
+	if err := d.mounter.MountVolume(ctx, mp, d.mountSpec(rec.VolumeID, cfg, settings, rec.ReadOnly)); err != nil {
 		err = storeError(fmt.Sprintf("mount container %q again at %s", rec.Container, path), err)
 		d.markUnhealthy(rec.VolumeID, status.Convert(err).Message())
 		return err
@@ -598,9 +778,9 @@ func (d *Driver) remount(ctx context.Context, rec VolumeRecord, path string, st 
 // recordMounted persists the record of a volume just mounted at path (the
 // mount is undone if that fails: state and mounts must agree) and keeps its
 // credentials in memory for repairs.
-func (d *Driver) recordMounted(ctx context.Context, v nodeVolume, rec VolumeRecord, path string) error {
+func (d *Driver) recordMounted(ctx context.Context, v nodeVolume, rec VolumeRecord, mp *MountPoint) error {
 	if err := d.state.Put(rec); err != nil {
-		d.mounter.UnmountVolume(context.WithoutCancel(ctx), path)
+		d.mounter.UnmountVolume(context.WithoutCancel(ctx), mp)
 		return status.Errorf(codes.Internal, "%v", err)
 	}
 	d.setCreds(v.volumeID, v.creds)

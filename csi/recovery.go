@@ -2,7 +2,11 @@ package csi
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Start-up recovery and the periodic health check.
@@ -89,54 +93,115 @@ func (d *Driver) checkMounts(ctx context.Context) {
 	}
 }
 
+// checkVolume repairs one volume's mounts. Every path is opened without
+// following symlinks and every mount is made on the directory opened: a
+// path that has become a symlink (or passes through one) is reported and
+// left alone, never followed, so a repair cannot mount outside the kubelet
+// directory. A target is bind-mounted again only when nothing is mounted
+// on it (Status finds a mount on the directory, whatever the mount table
+// calls its path), so repairs never stack mounts.
 func (d *Driver) checkVolume(ctx context.Context, rec VolumeRecord) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if rec.Ephemeral {
 		for target := range rec.Targets {
-			if st := d.mounter.Status(ctx, target); st.State != PathMounted {
-				d.log.Warn("inline volume's mount is gone", "volume", rec.VolumeID, "target", target, "state", st.State, "err", st.Err)
-				if err := d.remount(ctx, rec, target, st); err != nil {
-					d.log.Error("cannot mount inline volume again", "volume", rec.VolumeID, "err", err)
-				}
+			st, err := d.statusOf(ctx, "target_path", target)
+			switch st.State {
+			case PathMounted:
+				continue
+			case PathSymlink:
+				d.log.Warn("inline volume's target is or passes through a symlink: not followed, left alone", "volume", rec.VolumeID, "target", target, "err", msgOf(err))
+				d.markUnhealthy(rec.VolumeID, "target is a symlink")
+				continue
+			}
+			d.log.Warn("inline volume's mount is gone", "volume", rec.VolumeID, "target", target, "state", st.State, "err", st.Err)
+			if err := d.remount(ctx, rec, "target_path", target, st); err != nil {
+				d.log.Error("cannot mount inline volume again", "volume", rec.VolumeID, "err", err)
 			}
 		}
 		return
 	}
-	st := d.mounter.Status(ctx, rec.StagingPath)
+	st, err := d.statusOf(ctx, "staging_target_path", rec.StagingPath)
+	if st.State == PathSymlink {
+		d.log.Warn("staging path is or passes through a symlink: not followed; volume left alone", "volume", rec.VolumeID, "path", rec.StagingPath, "err", msgOf(err))
+		d.markUnhealthy(rec.VolumeID, "staging path is a symlink")
+		return
+	}
 	if st.State != PathMounted {
 		d.log.Warn("staging mount is gone", "volume", rec.VolumeID, "path", rec.StagingPath, "state", st.State, "err", st.Err)
-		if err := d.remount(ctx, rec, rec.StagingPath, st); err != nil {
+		if err := d.remount(ctx, rec, "staging_target_path", rec.StagingPath, st); err != nil {
 			d.log.Error("cannot mount volume again", "volume", rec.VolumeID, "err", err)
 			if st.State == PathCorrupted {
 				// Leave no dead mount: kubelet cannot stage over one.
-				d.mounter.UnmountVolume(ctx, rec.StagingPath)
+				if mp, err := d.openMountPoint("staging_target_path", rec.StagingPath, false); err == nil {
+					d.mounter.UnmountVolume(ctx, mp)
+					mp.Close()
+				}
 			}
 			return
 		}
 	}
-	for target, t := range rec.Targets {
-		tst := d.mounter.Status(ctx, target)
-		switch tst.State {
-		case PathMounted:
-			continue
-		case PathMissing:
-			// Unpublished behind our back (the pod's directory is gone).
-			delete(rec.Targets, target)
-			if err := d.state.Put(rec); err != nil {
-				d.log.Error("node state", "err", err)
-			}
-			continue
-		case PathCorrupted:
-			d.mounter.Unmount(target)
-		}
-		if err := d.mounter.BindMount(rec.StagingPath, target, t.ReadOnly); err != nil {
-			d.log.Error("cannot bind-mount target again", "volume", rec.VolumeID, "target", target, "err", err)
-			d.markUnhealthy(rec.VolumeID, err.Error())
-			continue
-		}
-		d.log.Info("target bind-mounted again", "volume", rec.VolumeID, "target", target)
+	smp, err := d.openMountPoint("staging_target_path", rec.StagingPath, false)
+	if err != nil {
+		d.log.Error("cannot open the staging path", "volume", rec.VolumeID, "path", rec.StagingPath, "err", msgOf(err))
+		return
 	}
+	defer smp.Close()
+	for target, t := range rec.Targets {
+		d.checkTarget(ctx, &rec, smp, target, t)
+	}
+}
+
+// checkTarget bind-mounts a persistent volume's target again if its mount
+// is gone, and forgets a target that is gone or has become a symlink.
+func (d *Driver) checkTarget(ctx context.Context, rec *VolumeRecord, smp *MountPoint, target string, t TargetRecord) {
+	forget := func() {
+		delete(rec.Targets, target)
+		if err := d.state.Put(*rec); err != nil {
+			d.log.Error("node state", "err", err)
+		}
+	}
+	mp, err := d.openMountPoint("target_path", target, false)
+	switch {
+	case errors.Is(err, errPathMissing):
+		forget() // unpublished behind our back (the pod's directory is gone)
+		return
+	case status.Code(err) == codes.InvalidArgument:
+		d.log.Warn("target is or passes through a symlink: not followed; its record is dropped", "volume", rec.VolumeID, "target", target, "err", msgOf(err))
+		forget()
+		return
+	case err != nil:
+		d.log.Error("cannot open target", "volume", rec.VolumeID, "target", target, "err", msgOf(err))
+		return
+	}
+	defer mp.Close()
+	switch tst := d.mounter.Status(ctx, mp); tst.State {
+	case PathMounted:
+		return
+	case PathMissing:
+		forget()
+		return
+	case PathSymlink:
+		d.log.Warn("target is a symlink: not followed; its record is dropped", "volume", rec.VolumeID, "target", target)
+		forget()
+		return
+	case PathCorrupted:
+		d.mounter.Unmount(mp)
+	}
+	if err := d.mounter.BindMount(smp, mp, t.ReadOnly); err != nil {
+		d.log.Error("cannot bind-mount target again", "volume", rec.VolumeID, "target", target, "err", err)
+		d.markUnhealthy(rec.VolumeID, err.Error())
+		return
+	}
+	d.log.Info("target bind-mounted again", "volume", rec.VolumeID, "target", target)
+}
+
+// msgOf is an error's message, its gRPC status's if it has one.
+func msgOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	return status.Convert(err).Message()
 }
 
 func (d *Driver) markUnhealthy(volumeID, reason string) {

@@ -3,6 +3,7 @@ package csi
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -24,7 +25,16 @@ func TestPathStatusDeadFUSEMount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mnt := t.TempDir()
+	root := t.TempDir()
+	mnt := filepath.Join(root, "mnt")
+	if err := os.Mkdir(mnt, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	mp, err := openMountPoint(root, "mnt", mnt, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mp.Close()
 	sess, err := fusefs.Mount(mnt, fsys, fusefs.MountOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -33,7 +43,7 @@ func TestPathStatusDeadFUSEMount(t *testing.T) {
 		unix.Unmount(mnt, unix.MNT_DETACH)
 		fsys.Close()
 	})
-	if st := pathStatus(ctx, mnt); st.State != PathMounted {
+	if st := pathStatus(ctx, mp); st.State != PathMounted {
 		t.Fatalf("live mount: %v, %v", st.State, st.Err)
 	}
 	// The server goes away without unmounting, as a killed driver's
@@ -46,7 +56,7 @@ func TestPathStatusDeadFUSEMount(t *testing.T) {
 	if err := unix.Stat(mnt, &attrs); err == nil {
 		t.Log("stat of the dead mount's root succeeds from cached attributes")
 	}
-	if st := pathStatus(ctx, mnt); st.State != PathCorrupted {
+	if st := pathStatus(ctx, mp); st.State != PathCorrupted {
 		t.Fatalf("dead mount: %v, %v; want corrupted", st.State, st.Err)
 	}
 }

@@ -261,11 +261,11 @@ func TestNodeLifecycleFake(t *testing.T) {
 	}
 	d.forget(id) // as after a restart: no credentials in memory
 	d.checkMounts(ctx)
-	if s := fm.Status(ctx, staging); s.State != PathMounted {
-		t.Errorf("staging after repair: %v", s.State)
+	if s, err := d.statusOf(ctx, "staging", staging); s.State != PathMounted {
+		t.Errorf("staging after repair: %v, %v", s.State, err)
 	}
-	if s := fm.Status(ctx, target); s.State != PathMounted {
-		t.Errorf("target after repair: %v", s.State)
+	if s, err := d.statusOf(ctx, "target", target); s.State != PathMounted {
+		t.Errorf("target after repair: %v, %v", s.State, err)
 	}
 
 	if _, err := d.node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); status.Code(err) != codes.FailedPrecondition {

@@ -156,6 +156,34 @@ func MountFD(mountpoint string, opts MountOptions) (string, int, error) {
 	return mp, fd, nil
 }
 
+// MountAt is Mount onto dir, an open directory (O_PATH is enough),
+// instead of onto a path: the kernel mounts on the very directory dir
+// refers to (through /proc/self/fd), so a path component swapped for a
+// symlink after dir was opened cannot redirect the mount elsewhere. The
+// CSI node mounts so on the paths kubelet names. dir.Name() is taken as
+// the mount point's path for what follows the mount (its unmount, the
+// poll and read-ahead set-up). Root only: fusermount3 takes a path.
+func MountAt(dir *os.File, fs fuse.RawFileSystem, opts MountOptions) (*Session, error) {
+	opts = opts.withDefaults()
+	if os.Geteuid() != 0 {
+		return nil, errors.New("mounting onto an open directory needs root")
+	}
+	mp := dir.Name()
+	fd, err := mountFUSE(fmt.Sprintf("/proc/self/fd/%d", dir.Fd()), opts)
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", mp, err)
+	}
+	s, err := Serve(mp, fd, fs, opts)
+	if err != nil {
+		// By path: the mount is on dir, but umount2 takes a path (a
+		// caller that must not follow one unmounts itself on error).
+		unmount(mp, true)
+		syscall.Close(fd)
+		return nil, err
+	}
+	return s, nil
+}
+
 // Serve starts serving a mount made by MountFD: it answers INIT (the mount
 // is usable when Serve returns) and starts the readers. If fs was restored
 // from a state region (FS.AdoptInit), the mount is live already and Serve
