@@ -150,8 +150,8 @@ func (c *mountConfig) checkFlags(fl *flag.FlagSet) error {
 		return fmt.Errorf("--check-timeout %v: must be positive", c.checkTime)
 	case c.grace < 0:
 		return fmt.Errorf("--shutdown-grace %v: must not be negative", c.grace)
-	case c.limit < 1:
-		return fmt.Errorf("--restart-limit %d: must be at least 1", c.limit)
+	case c.limit < 0:
+		return fmt.Errorf("--restart-limit %d: must not be negative (0 gives up at the first crash)", c.limit)
 	}
 	for name, d := range map[string]time.Duration{
 		"attr-timeout": c.fs.AttrTimeout, "entry-timeout": c.fs.EntryTimeout,
