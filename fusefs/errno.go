@@ -32,6 +32,11 @@ func toStatus(err error) fuse.Status {
 		return fuse.EINVAL
 	case errors.Is(err, context.Canceled):
 		return fuse.EINTR
+	case errors.Is(err, blobstore.ErrTransient), errors.Is(err, blobstore.ErrThrottled):
+		// A store that cannot be reached: EIO, as for a failing disk.
+		// The errno inside (ECONNRESET, ECONNREFUSED) is the network's,
+		// not the file's, and applications do not expect it from a file.
+		return fuse.EIO
 	case errors.As(err, &errno):
 		return fuse.Status(errno)
 	default:
