@@ -58,6 +58,20 @@ const (
 	// its process was killed) recognises its own commit by it when the
 	// retry's ETag condition fails.
 	MetaCommit = "blobfs_commit"
+
+	// POSIX attributes (fusefs reads and writes them; a blob without them
+	// shows the mount's defaults). Numbers are decimal, times Unix
+	// nanoseconds.
+	MetaMode  = "blobfs_mode"  // st_mode in octal, file type included ("100755")
+	MetaUID   = "blobfs_uid"   // owner
+	MetaGID   = "blobfs_gid"   // group
+	MetaAtime = "blobfs_atime" // last access, when set explicitly
+	MetaCtime = "blobfs_ctime" // last status change; absent: the content's time
+	MetaRdev  = "blobfs_rdev"  // device number of a device node
+	// MetaRcloneMtime is rclone's modification time (RFC 3339), read when
+	// blobfs_mtime is absent so that containers written by rclone show
+	// their times.
+	MetaRcloneMtime = "mtime"
 )
 
 // Attrs describes one blob.

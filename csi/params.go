@@ -442,6 +442,7 @@ var mountOptionNames = []string{
 	"upload-block-mb", "upload-concurrency", "attr-timeout", "entry-timeout", "negative-timeout",
 	"list-timeout", "read-only", "allow-other", "uid", "gid", "umask",
 	"fuse-readers", "retry-attempts", "retry-max-delay", "debug-fuse",
+	"file-mode", "dir-mode", "posix-attrs",
 }
 
 // defaultMountSettings: pods run with any uid, so CSI mounts let every
@@ -556,6 +557,23 @@ func parseMountOptions(opts []string, field string) (mountSettings, error) {
 			} else {
 				s.FS.GID = uint32(n)
 			}
+			// Given, the owner of every file, as for blobfs mount.
+			s.FS.ForceOwner = true
+		case "file-mode", "dir-mode":
+			n, perr := strconv.ParseUint(val, 8, 32)
+			if !hasVal || perr != nil || n > 0o7777 {
+				err = bad("needs an octal mode within 07777, e.g. 0750")
+			}
+			if name == "file-mode" {
+				s.FS.FileMode = uint32(n)
+			} else {
+				s.FS.DirMode = uint32(n)
+			}
+			s.FS.ForcePerm = true
+		case "posix-attrs":
+			var on bool
+			on, err = boolVal()
+			s.FS.NoAttrWrites = !on
 		case "umask":
 			n, perr := strconv.ParseUint(val, 8, 32)
 			if !hasVal || perr != nil || n > 0o777 {

@@ -75,7 +75,7 @@ func addPage(entries map[string]dirEntry, prefix string, page blobstore.ListPage
 		}
 		e := dirEntry{kind: kindDir}
 		if old, ok := entries[name]; ok && old.kind == kindDir {
-			e.mtime = old.mtime // the marker's time
+			e.mtime, e.attrs = old.mtime, old.attrs // the marker's
 		}
 		entries[name] = e
 	}
@@ -163,7 +163,7 @@ func (fs *FS) mergeLocal(dirPath string, entries map[string]dirEntry) {
 			continue
 		}
 		if _, ok := entries[k.name]; !ok {
-			entries[k.name] = dirEntry{kind: n.kind, size: n.size, mtime: n.mtime, pending: true}
+			entries[k.name] = dirEntry{kind: n.kind, size: n.size, mtime: n.mtime, pending: true, attrs: n.attrs}
 		}
 	}
 }

@@ -182,6 +182,10 @@ func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.S
 		return fuse.Status(syscall.EISDIR)
 	case kindSymlink:
 		return fuse.Status(syscall.ELOOP)
+	case kindSpecial:
+		// The kernel serves FIFOs and sockets itself, and does not
+		// open device nodes on a nodev mount: nothing to open here.
+		return fuse.Status(syscall.ENXIO)
 	}
 	write := isWrite(in.Flags)
 	if write && fs.opts.ReadOnly {
@@ -226,6 +230,9 @@ func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.S
 		out.OpenFlags |= fuse.FOPEN_KEEP_CACHE
 	}
 	n.lastOpenETag = n.etag
+	if !write {
+		relatimeLocked(n, time.Now())
+	}
 	if !write && fs.directRead(n.size) {
 		out.OpenFlags |= fuse.FOPEN_DIRECT_IO
 	}
@@ -298,11 +305,14 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 	intent := fs.beginIntent(&in.InHeader, dir.id, 0, name, "")
 
 	fs.mu.Lock()
+	now := time.Now()
 	n := fs.nodes.bind(dir.id, name, kindFile)
 	if n.file == nil {
 		n.inStore = false
+		n.attrs, n.attrsKnown = fs.newAttrsLocked(dir, in.Caller.Uid, in.Caller.Gid, in.Mode, kindFile, now), true
 	}
-	n.size, n.mtime = 0, time.Now()
+	touchDirLocked(dir, now)
+	n.size, n.mtime = 0, now
 	of := fs.acquireFileLocked(n)
 	fs.mu.Unlock()
 	path := joinPath(dirPath, name)
@@ -319,7 +329,10 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 		return toStatus(err)
 	}
 	fs.crashPoint("create", "store", name) // the spill file exists, the handle not yet
-	fs.lists.set(dirPath, name, dirEntry{kind: kindFile, mtime: time.Now(), pending: true})
+	fs.mu.Lock()
+	e := dirEntry{kind: kindFile, mtime: now, pending: true, attrs: n.attrs}
+	fs.mu.Unlock()
+	fs.lists.set(dirPath, name, e)
 
 	fs.mu.Lock()
 	fs.batchLocked(func() {

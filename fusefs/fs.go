@@ -151,33 +151,45 @@ func (fs *FS) reqContext() (context.Context, context.CancelFunc) {
 // --- attributes --------------------------------------------------------
 
 func (fs *FS) fillAttr(n *node, a *fuse.Attr) {
-	*a = fuse.Attr{Ino: n.id, Owner: fuse.Owner{Uid: fs.opts.UID, Gid: fs.opts.GID}, Blksize: 1 << 20}
+	sh := fs.attrOf(n)
+	*a = fuse.Attr{Ino: n.id, Owner: fuse.Owner{Uid: sh.uid, Gid: sh.gid}, Blksize: 1 << 20}
 	size := n.size
 	if n.file != nil {
 		if s, ok := n.file.spilledSize(); ok {
 			size = s
 		}
 	}
+	a.Mode = kindType(n.kind, n.attrs.special) | sh.perm
 	switch n.kind {
 	case kindDir:
-		a.Mode = syscall.S_IFDIR | (0o777 &^ fs.opts.Umask)
-		a.Nlink = 2
+		a.Nlink = 2 + uint32(n.subdirs)
 		a.Size = 4096
-	case kindSymlink:
-		a.Mode = syscall.S_IFLNK | 0o777
+	case kindSpecial:
 		a.Nlink = 1
-		a.Size = uint64(size)
+		a.Rdev = n.attrs.rdev
 	default:
-		a.Mode = syscall.S_IFREG | (0o666 &^ fs.opts.Umask)
 		a.Nlink = 1
 		a.Size = uint64(size)
+	}
+	if n.parent == 0 && n.id != fuse.FUSE_ROOT_ID {
+		a.Nlink = 0 // unlinked, still open
 	}
 	a.Blocks = (a.Size + 511) / 512
 	mt := n.mtime
 	if mt.IsZero() {
 		mt = fs.nodes.rootTime
 	}
-	a.SetTimes(&mt, &mt, &mt)
+	if n.touched.After(mt) {
+		mt = n.touched
+	}
+	at, ct := n.attrs.atime, n.attrs.ctime
+	if at.IsZero() {
+		at = mt
+	}
+	if ct.Before(mt) {
+		ct = mt // a content change is a status change
+	}
+	a.SetTimes(&at, &mt, &ct)
 }
 
 func (fs *FS) fillEntry(n *node, out *fuse.EntryOut) {
@@ -196,6 +208,20 @@ func (fs *FS) applyEntryLocked(n *node, e dirEntry) {
 	}
 	n.size, n.mtime, n.etag = e.size, e.mtime, e.etag
 	n.inStore = !e.pending
+	if !e.pending || !n.attrsKnown {
+		// A pending entry is this mount's own: the node has the
+		// attributes it was made with. Times this mount moved in
+		// memory only (reads, renames) stay when they are newer.
+		at, ct := n.attrs.atime, n.attrs.ctime
+		n.attrs = e.attrs
+		if n.attrsKnown && at.After(n.attrs.atime) {
+			n.attrs.atime = at
+		}
+		if n.attrsKnown && ct.After(n.attrs.ctime) {
+			n.attrs.ctime = ct
+		}
+		n.attrsKnown = true
+	}
 	if e.target != "" {
 		n.target = e.target
 	}
@@ -307,7 +333,9 @@ func (fs *FS) probe(ctx context.Context, path string) (dirEntry, error) {
 	if isDir {
 		e := dirEntry{kind: kindDir}
 		if statErr == nil {
-			e.mtime = attrs.ModTime
+			// A marker too: the directory's attributes.
+			m := entryFromAttrs(attrs)
+			e.mtime, e.attrs = m.mtime, m.attrs
 		}
 		return e, nil
 	}
@@ -432,17 +460,50 @@ func (fs *FS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) 
 		return fuse.Status(syscall.ESTALE)
 	}
 	path, attached := fs.nodes.path(n)
-	if fs.attrFresh(n) || !attached {
+	// A node restored from the state region knows only its name: its
+	// attributes are asked for once, even while its content is fresh.
+	needAttrs := !n.attrsKnown && n.inStore && attached && n.id != fuse.FUSE_ROOT_ID
+	if (fs.attrFresh(n) || !attached) && !needAttrs {
+		fs.mu.Unlock()
+		fs.countSubdirs(n, path)
+		fs.mu.Lock()
 		fs.fillAttr(n, &out.Attr)
 		fs.mu.Unlock()
 		out.SetTimeout(fs.opts.AttrTimeout)
 		return fuse.OK
 	}
+	isDir := n.kind == kindDir
 	fs.mu.Unlock()
 
 	ctx, cf := fs.reqContext()
 	defer cf()
 	a, err := fs.store.Stat(ctx, path)
+	if isDir {
+		// A directory's attributes are its marker's; one without a
+		// marker shows the defaults. Its existence is not in question
+		// here (a lookup established it).
+		fs.mu.Lock()
+		switch {
+		case err == nil:
+			n.attrs, n.attrsKnown = parsePOSIX(a.Metadata), true
+			if t, ok := metaMtime(a.Metadata); ok {
+				n.mtime = t
+			}
+		case errors.Is(err, blobstore.ErrNotFound):
+			n.attrsKnown = true
+		default:
+			fs.mu.Unlock()
+			fs.log.Warn("getattr failed", "path", path, "err", err)
+			return toStatus(err)
+		}
+		fs.mu.Unlock()
+		fs.countSubdirs(n, path)
+		fs.mu.Lock()
+		defer fs.mu.Unlock()
+		fs.fillAttr(n, &out.Attr)
+		out.SetTimeout(fs.opts.AttrTimeout)
+		return fuse.OK
+	}
 	if err != nil {
 		if !errors.Is(err, blobstore.ErrNotFound) {
 			fs.log.Warn("getattr failed", "path", path, "err", err)
@@ -452,6 +513,10 @@ func (fs *FS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) 
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	fs.applyEntryLocked(n, entryFromAttrs(a))
+	if !n.attrsKnown {
+		// Its content is local and newer; its attributes are the blob's.
+		n.attrs, n.attrsKnown = parsePOSIX(a.Metadata), true
+	}
 	fs.fillAttr(n, &out.Attr)
 	out.SetTimeout(fs.opts.AttrTimeout)
 	return fuse.OK
@@ -465,24 +530,39 @@ func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) 
 	ctx, cf := fs.reqContext()
 	defer cf()
 
-	fs.mu.Lock()
-	var current fuse.Attr
-	fs.fillAttr(n, &current)
-	fs.mu.Unlock()
-	// Ownership and permissions are the mount's, not the blob's.
-	if mode, ok := in.GetMode(); ok && mode&0o7777 != current.Mode&0o7777 {
-		return fuse.EPERM
-	}
-	if uid, ok := in.GetUID(); ok && uid != current.Uid {
-		return fuse.EPERM
-	}
-	if gid, ok := in.GetGID(); ok && gid != current.Gid {
-		return fuse.EPERM
-	}
+	mode, setMode := in.GetMode()
+	uid, setUID := in.GetUID()
+	gid, setGID := in.GetGID()
 	size, setSize := in.GetSize()
+	atime, setAtime := in.GetATime()
 	mtime, setMtime := in.GetMTime()
-	if (setSize || setMtime) && fs.opts.ReadOnly {
+	fs.mu.Lock()
+	cur := fs.attrOf(n)
+	fs.mu.Unlock()
+	setMode = setMode && mode&0o7777 != cur.perm
+	setUID = setUID && uid != cur.uid
+	setGID = setGID && gid != cur.gid
+	if !setMode && !setUID && !setGID && !setSize && !setAtime && !setMtime {
+		fs.mu.Lock()
+		defer fs.mu.Unlock()
+		fs.fillAttr(n, &out.Attr)
+		out.SetTimeout(fs.opts.AttrTimeout)
+		return fuse.OK
+	}
+	if fs.opts.ReadOnly {
 		return fuse.EROFS
+	}
+	// The kernel (default_permissions) has checked who may change what,
+	// and asks to clear set-user-ID and set-group-ID bits where POSIX
+	// says so (a write, a chown by someone else than root). Attributes
+	// the store cannot keep are refused, never accepted and lost.
+	if (setMode || setUID || setGID) && fs.opts.NoAttrWrites ||
+		setMode && fs.opts.ForcePerm || (setUID || setGID) && fs.opts.ForceOwner ||
+		(setMode || setUID || setGID) && n.kind == kindSymlink {
+		return fuse.EPERM
+	}
+	if (setAtime || setMtime) && fs.opts.NoAttrWrites && n.kind == kindDir {
+		return fuse.OK // directory times were never stored; tar and rsync set them
 	}
 	if setSize {
 		if n.kind != kindFile {
@@ -493,19 +573,80 @@ func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) 
 			return toStatus(err)
 		}
 	}
-	if setMtime && n.kind != kindDir {
-		// Directory times are not stored (blobfuse2 does not either);
-		// accepting them keeps tar and rsync working.
-		if err := fs.setMtime(ctx, n, path, mtime); err != nil {
-			fs.log.Warn("utimes failed", "path", path, "err", err)
+	if setMode || setUID || setGID || setAtime || setMtime {
+		now := time.Now()
+		fs.mu.Lock()
+		a := &n.attrs
+		if setMode {
+			a.perm, a.hasPerm = mode&0o7777, true
+		} else if !a.hasPerm && !fs.opts.NoAttrWrites && !fs.opts.ForcePerm {
+			a.perm, a.hasPerm = cur.perm, true // what it showed, now stored
+		}
+		if setUID || setGID || !a.hasUID && !fs.opts.NoAttrWrites && !fs.opts.ForceOwner {
+			a.uid, a.gid, a.hasUID, a.hasGID = cur.uid, cur.gid, true, true
+			if setUID {
+				a.uid = uid
+			}
+			if setGID {
+				a.gid = gid
+			}
+		}
+		if setAtime {
+			a.atime = atime
+		}
+		a.ctime = now
+		n.attrsKnown = true
+		fs.mu.Unlock()
+		var mt *time.Time
+		if setMtime {
+			mt = &mtime
+		}
+		if err := fs.storeAttrs(ctx, n, path, mt); err != nil {
+			fs.log.Warn("setattr failed", "path", path, "err", err)
 			return toStatus(err)
 		}
+		fs.mu.Lock()
+		if setMtime {
+			n.mtime = mtime
+			n.touched = time.Time{}
+		}
+		fs.mu.Unlock()
+		fs.refreshEntry(n, path)
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	fs.fillAttr(n, &out.Attr)
 	out.SetTimeout(fs.opts.AttrTimeout)
 	return fuse.OK
+}
+
+// countSubdirs updates a directory node's count of subdirectories (its
+// nlink) from its cached listing, if it has one. It takes FS.mu itself:
+// the listing cache's lock is never taken under it.
+func (fs *FS) countSubdirs(n *node, path string) {
+	if n.kind != kindDir {
+		return
+	}
+	if c, ok := fs.lists.subdirCount(path); ok {
+		fs.mu.Lock()
+		n.subdirs = c
+		fs.mu.Unlock()
+	}
+}
+
+// refreshEntry puts n's attributes into its directory's cached listing, so
+// that a readdirplus or a lookup answered from the listing shows them.
+func (fs *FS) refreshEntry(n *node, path string) {
+	if path == "" {
+		return
+	}
+	fs.mu.Lock()
+	e := dirEntry{kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag, target: n.target, pending: !n.inStore, attrs: n.attrs}
+	fs.mu.Unlock()
+	dir, name := splitPath(path)
+	if _, found, ok := fs.lists.lookup(dir, name); ok && found {
+		fs.lists.set(dir, name, e)
+	}
 }
 
 // truncate sets a file's size, through its open state if it has one, else
@@ -524,56 +665,6 @@ func (fs *FS) truncate(ctx context.Context, n *node, size int64) error {
 		return nil // committed at flush/release of the handles
 	}
 	return of.commit(ctx)
-}
-
-func (fs *FS) setMtime(ctx context.Context, n *node, path string, mtime time.Time) error {
-	// An open file decides where the time goes (openFile.setMtime); the
-	// reference taken keeps a concurrent release from closing it
-	// meanwhile.
-	fs.mu.Lock()
-	of := n.file
-	if of != nil {
-		of.refs++
-	}
-	fs.mu.Unlock()
-	var (
-		a       blobstore.Attrs
-		inStore bool
-		err     error
-	)
-	if of != nil {
-		a, inStore, err = of.setMtime(ctx, path, mtime)
-		fs.releaseFile(of)
-	} else if path != "" {
-		a, err = fs.setMtimeInStore(ctx, path, mtime, "")
-		inStore = err == nil
-	}
-	if err != nil {
-		return err
-	}
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	if inStore {
-		fs.applyEntryLocked(n, entryFromAttrs(a))
-		n.etag = a.ETag
-	}
-	n.mtime = mtime
-	return nil
-}
-
-// setMtimeInStore writes mtime into the blob's metadata, conditional on
-// ifMatch if given (else on the ETag it reads).
-func (fs *FS) setMtimeInStore(ctx context.Context, path string, mtime time.Time, ifMatch string) (blobstore.Attrs, error) {
-	a, err := fs.store.Stat(ctx, path)
-	if err != nil {
-		return blobstore.Attrs{}, err
-	}
-	if ifMatch != "" && a.ETag != ifMatch {
-		return blobstore.Attrs{}, fmt.Errorf("set mtime of %q: %w", path, blobstore.ErrPreconditionFailed)
-	}
-	md := copyMeta(a.Metadata)
-	md[blobstore.MetaMtime] = fmt.Sprint(mtime.UnixNano())
-	return fs.store.SetMetadata(ctx, path, md, blobstore.Conditions{IfMatch: a.ETag})
 }
 
 func (fs *FS) StatFs(_ <-chan struct{}, h *fuse.InHeader, out *fuse.StatfsOut) fuse.Status {

@@ -201,6 +201,9 @@ type listing struct {
 	took       time.Duration // how long fetching this listing took
 	entries    map[string]dirEntry
 	sorted     []string // entries' names in order; nil until asked for, and after a change
+	// subdirs counts the entries that are directories, plus one; 0 until
+	// asked for, and after a change.
+	subdirs int
 }
 
 // dirEntry is what a listing says about one name.
@@ -211,6 +214,7 @@ type dirEntry struct {
 	etag    string
 	target  string // symlinks: unknown ("") in listings
 	pending bool   // created here, not yet committed
+	attrs   posixAttrs
 }
 
 func newListCache(ttl time.Duration, maxEntries int) *listCache {
@@ -271,6 +275,27 @@ func (c *listCache) holdsStoreNames(dir string) bool {
 		}
 	}
 	return false
+}
+
+// subdirCount returns how many subdirectories dir's listing holds, if
+// dir is listed: a directory's nlink is 2 plus that.
+func (c *listCache) subdirCount(dir string) (int, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.freshLocked(dir)
+	if l == nil {
+		return 0, false
+	}
+	if l.subdirs == 0 {
+		n := 0
+		for _, e := range l.entries {
+			if e.kind == kindDir {
+				n++
+			}
+		}
+		l.subdirs = n + 1
+	}
+	return l.subdirs - 1, true
 }
 
 // snapshot returns a fresh listing of dir in name order, or ok=false.
@@ -356,7 +381,7 @@ func (c *listCache) set(dir, name string, e dirEntry) {
 	if l := c.dirs[dir]; l != nil {
 		if _, had := l.entries[name]; !had {
 			c.total++
-			l.sorted = nil
+			l.sorted, l.subdirs = nil, 0
 		}
 		l.entries[name] = e
 	}
@@ -371,7 +396,7 @@ func (c *listCache) remove(dir, name string) {
 		if _, had := l.entries[name]; had {
 			delete(l.entries, name)
 			c.total--
-			l.sorted = nil
+			l.sorted, l.subdirs = nil, 0
 		}
 	}
 }

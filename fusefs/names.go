@@ -1,10 +1,8 @@
 package fusefs
 
 import (
-	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -69,17 +67,20 @@ func metaTrue(md map[string]string, key string) bool {
 // entryFromAttrs reads the storage layout: a blob is a directory marker, a
 // symlink or a regular file.
 func entryFromAttrs(a blobstore.Attrs) dirEntry {
-	e := dirEntry{kind: kindFile, size: a.Size, mtime: a.ModTime, etag: a.ETag}
+	e := dirEntry{kind: kindFile, size: a.Size, mtime: a.ModTime, etag: a.ETag, attrs: parsePOSIX(a.Metadata)}
 	switch {
 	case metaTrue(a.Metadata, blobstore.MetaIsFolder):
 		e.kind, e.size = kindDir, 0
 	case metaTrue(a.Metadata, blobstore.MetaIsSymlink):
 		e.kind = kindSymlink
+	case e.attrs.special != 0:
+		e.kind, e.size = kindSpecial, 0
 	}
-	if v, ok := metaValue(a.Metadata, blobstore.MetaMtime); ok {
-		if ns, err := strconv.ParseInt(v, 10, 64); err == nil {
-			e.mtime = time.Unix(0, ns)
-		}
+	if e.kind != kindSpecial {
+		e.attrs.special = 0
+	}
+	if t, ok := metaMtime(a.Metadata); ok {
+		e.mtime = t
 	}
 	return e
 }

@@ -26,6 +26,9 @@ const (
 	kindFile nodeKind = iota + 1
 	kindDir
 	kindSymlink
+	// kindSpecial is a FIFO, socket or device node: a zero-length blob
+	// whose type is in its mode (attrs.special).
+	kindSpecial
 )
 
 func (k nodeKind) String() string {
@@ -36,6 +39,8 @@ func (k nodeKind) String() string {
 		return "dir"
 	case kindSymlink:
 		return "symlink"
+	case kindSpecial:
+		return "special"
 	}
 	return "unknown"
 }
@@ -59,6 +64,18 @@ type node struct {
 	// inStore is false for a file created through this mount and not yet
 	// committed: the store does not know it, but the kernel does.
 	inStore bool
+	// attrs are the POSIX attributes (attrs.go); attrsKnown is false
+	// until the store (or this mount) said what they are: a node
+	// restored from the state region has only its name.
+	attrs      posixAttrs
+	attrsKnown bool
+	// touched is when this mount last made, removed or renamed an entry
+	// of this directory: its mtime and ctime are at least that (kept in
+	// memory; a listing of the parent may carry an older stored time).
+	touched time.Time
+	// subdirs is the number of subdirectories, when a listing knew it:
+	// nlink is 2 plus that.
+	subdirs int
 	// target is a symlink's target, once read.
 	target string
 	// file holds the content state while handles are open.

@@ -26,6 +26,7 @@ func (fs *FS) newChild(dir *node, dirPath, name string, e dirEntry, out *fuse.En
 	fs.lists.set(dirPath, name, e)
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	touchDirLocked(dir, time.Now())
 	fs.batchLocked(func() {
 		n := fs.nodes.bind(dir.id, name, e.kind)
 		fs.applyEntryLocked(n, e)
@@ -54,6 +55,7 @@ func (fs *FS) forgetName(dir *node, dirPath, name string, intent uint64) {
 	fs.lists.remove(dirPath, name)
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	touchDirLocked(dir, time.Now())
 	fs.batchLocked(func() {
 		if n := fs.nodes.child(dir.id, name); n != nil {
 			fs.nodes.detach(n)
@@ -87,7 +89,11 @@ func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.
 		return toStatus(err)
 	}
 	intent := fs.beginIntent(&in.InHeader, dir.id, 0, name, "")
-	a, err := fs.store.Put(ctx, path, nil, blobstore.PutOptions{Metadata: folderMeta, Conditions: blobstore.Conditions{IfNoneMatch: true}})
+	fs.mu.Lock()
+	attrs := fs.newAttrsLocked(dir, in.Caller.Uid, in.Caller.Gid, in.Mode, kindDir, time.Now())
+	fs.mu.Unlock()
+	md := fs.newMeta(folderMeta, kindDir, attrs)
+	a, err := fs.store.Put(ctx, path, nil, blobstore.PutOptions{Metadata: md, Conditions: blobstore.Conditions{IfNoneMatch: true}})
 	if err != nil {
 		// The first run's Put may reach the store after its process
 		// died, while this one looked: the marker is then ours.
@@ -101,7 +107,7 @@ func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.
 		return toStatus(err)
 	}
 	fs.crashPoint("mkdir", "store", name)
-	e := dirEntry{kind: kindDir, mtime: a.ModTime}
+	e := dirEntry{kind: kindDir, mtime: a.ModTime, attrs: attrs}
 	fs.newChild(dir, dirPath, name, e, out, intent)
 	// The new directory is known to be empty: lookups in it need no request.
 	fs.lists.put(path, map[string]dirEntry{})
@@ -122,7 +128,9 @@ func (fs *FS) foundInStore(dirPath, name string) {
 	}
 }
 
-// Mknod makes empty regular files only; blobs cannot be devices or FIFOs.
+// Mknod makes empty regular files, FIFOs, sockets and device nodes: each a
+// zero-length blob whose mode says what it is (the kernel serves FIFOs and
+// sockets itself; device nodes are not opened, the mount is nodev).
 func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
 	dir, dirPath, st := fs.node(in.NodeId)
 	if !st.Ok() {
@@ -131,8 +139,16 @@ func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.
 	if fs.opts.ReadOnly {
 		return fuse.EROFS
 	}
-	if in.Mode&syscall.S_IFMT != syscall.S_IFREG && in.Mode&syscall.S_IFMT != 0 {
-		return fuse.EPERM
+	kind := kindFile
+	switch in.Mode & syscall.S_IFMT {
+	case 0, syscall.S_IFREG:
+	case syscall.S_IFIFO, syscall.S_IFSOCK, syscall.S_IFCHR, syscall.S_IFBLK:
+		if fs.opts.NoAttrWrites {
+			return fuse.EPERM // its type could not be stored
+		}
+		kind = kindSpecial
+	default:
+		return fuse.EINVAL
 	}
 	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
 		return st
@@ -142,11 +158,16 @@ func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.
 	fs.crashPoint("mknod", "begin", name)
 	resent, isResent := fs.resentIntent(&in.InHeader, dir.id, 0, name, "")
 	intent := fs.beginIntent(&in.InHeader, dir.id, 0, name, "")
-	a, err := fs.store.Put(ctx, joinPath(dirPath, name), nil, blobstore.PutOptions{Conditions: blobstore.Conditions{IfNoneMatch: true}})
+	fs.mu.Lock()
+	attrs := fs.newAttrsLocked(dir, in.Caller.Uid, in.Caller.Gid, in.Mode, kind, time.Now())
+	fs.mu.Unlock()
+	attrs.rdev = in.Rdev
+	md := fs.newMeta(nil, kind, attrs)
+	a, err := fs.store.Put(ctx, joinPath(dirPath, name), nil, blobstore.PutOptions{Metadata: md, Conditions: blobstore.Conditions{IfNoneMatch: true}})
 	if err != nil {
 		if errors.Is(err, blobstore.ErrAlreadyExists) {
 			fs.foundInStore(dirPath, name)
-			if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, kindFile, out) {
+			if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, kind, out) {
 				return fuse.OK
 			}
 		}
@@ -154,7 +175,7 @@ func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.
 		return toStatus(err)
 	}
 	fs.crashPoint("mknod", "store", name)
-	fs.newChild(dir, dirPath, name, entryFromAttrs(a), out, intent)
+	fs.newChild(dir, dirPath, name, madeEntry(a, md), out, intent)
 	fs.crashPoint("mknod", "reply", name)
 	return fuse.OK
 }
@@ -175,8 +196,12 @@ func (fs *FS) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name string, 
 	fs.crashPoint("symlink", "begin", name)
 	resent, isResent := fs.resentIntent(h, dir.id, 0, name, "")
 	intent := fs.beginIntent(h, dir.id, 0, name, "")
+	fs.mu.Lock()
+	attrs := fs.newAttrsLocked(dir, h.Caller.Uid, h.Caller.Gid, 0o777, kindSymlink, time.Now())
+	fs.mu.Unlock()
+	md := fs.newMeta(map[string]string{blobstore.MetaIsSymlink: "true"}, kindSymlink, attrs)
 	a, err := fs.store.Put(ctx, joinPath(dirPath, name), []byte(target), blobstore.PutOptions{
-		Metadata:   map[string]string{blobstore.MetaIsSymlink: "true"},
+		Metadata:   md,
 		Conditions: blobstore.Conditions{IfNoneMatch: true},
 	})
 	if err != nil {
@@ -190,7 +215,7 @@ func (fs *FS) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name string, 
 		return toStatus(err)
 	}
 	fs.crashPoint("symlink", "store", name)
-	e := entryFromAttrs(a)
+	e := madeEntry(a, md)
 	e.target = target
 	fs.newChild(dir, dirPath, name, e, out, intent)
 	fs.crashPoint("symlink", "reply", name)
@@ -271,6 +296,9 @@ func (fs *FS) Unlink(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Stat
 	fs.crashPoint("unlink", "store", name)
 	fs.lists.remove(dirPath, name)
 	fs.mu.Lock()
+	now := time.Now()
+	touchDirLocked(dir, now)
+	n.attrs.ctime = now // an open file's link count changed
 	fs.batchLocked(func() {
 		fs.nodes.detach(n)
 		fs.completeIntentLocked(intent, 0, 0)
@@ -363,6 +391,7 @@ func (fs *FS) Rmdir(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Statu
 	fs.lists.remove(dirPath, name)
 	fs.lists.invalidateTree(path)
 	fs.mu.Lock()
+	touchDirLocked(dir, time.Now())
 	fs.batchLocked(func() {
 		fs.nodes.detach(n)
 		fs.completeIntentLocked(intent, 0, 0)
@@ -454,7 +483,11 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 	fs.crashPoint("rename", "store", oldName)
 
 	fs.mu.Lock()
-	e := dirEntry{kind: src.kind, size: src.size, mtime: src.mtime, etag: src.etag, pending: !src.inStore}
+	now := time.Now()
+	touchDirLocked(srcDir, now)
+	touchDirLocked(dstDir, now)
+	src.attrs.ctime = now // in memory, as a directory's times: a rename is a status change
+	e := dirEntry{kind: src.kind, size: src.size, mtime: src.mtime, etag: src.etag, pending: !src.inStore, attrs: src.attrs}
 	fs.batchLocked(func() {
 		fs.nodes.move(src, dstDir.id, newName)
 		fs.completeIntentLocked(intent, 0, 0)

@@ -228,45 +228,45 @@ func (of *openFile) readLocal(p []byte, off int64) (n int, ok bool, err error) {
 	return n, true, err
 }
 
-// setMtime sets the modification time of an open file. While the spill
-// file holds changes not in the store, the time goes up with them at the
-// next commit. Otherwise it is written to the store at once: a clean file
-// may see no commit again (utimes right after close(2) arrives before the
-// kernel's RELEASE, whose commit finds nothing to upload), and marking it
-// dirty would upload the whole file again for one metadata field.
-//
-// commitMu keeps a commit from running meanwhile: the metadata update
-// changes the blob's ETag, which the next commit's If-Match must follow.
-func (of *openFile) setMtime(ctx context.Context, path string, t time.Time) (blobstore.Attrs, bool, error) {
+// setAttrs stores the node's attributes (and mtime, when given) for an
+// open file. While the file has changes not yet uploaded they go with its
+// next commit (handled, nothing else to do); otherwise into the blob's
+// metadata at once, conditional on the content the spill file holds.
+func (of *openFile) setAttrs(ctx context.Context, path string, mtime *time.Time) (handled bool, err error) {
 	of.commitMu.Lock()
 	defer of.commitMu.Unlock()
 	of.mu.Lock()
 	defer of.mu.Unlock()
 	if of.dirty() && of.spill != nil && !of.unlinked {
-		of.mtime = &t
+		if mtime != nil {
+			of.mtime = mtime
+		}
 		of.changedLocked()
-		return blobstore.Attrs{}, false, nil
+		return true, nil
 	}
 	if path == "" {
-		return blobstore.Attrs{}, false, nil // unlinked: nothing to store
+		return true, nil // unlinked: nothing to store
 	}
-	ifMatch := ""
-	if of.spill != nil {
-		ifMatch = of.baseETag // the content the spill file holds
+	if of.spill == nil {
+		return false, nil // the caller writes the blob's metadata
 	}
-	a, err := of.fs.setMtimeInStore(ctx, path, t, ifMatch)
+	a, err := of.fs.setAttrsInStore(ctx, of.n, path, of.baseETag, mtime)
 	if err != nil {
-		return blobstore.Attrs{}, false, err
+		return true, err
 	}
 	// The store has the time now. A later commit follows a write, which
 	// makes the time now again: it drops the key from baseMeta.
 	of.mtime = nil
-	if of.spill != nil {
-		of.baseETag = a.ETag
-		of.baseMeta = a.Metadata
-		of.journalLocked(false)
+	of.baseETag = a.ETag
+	of.baseMeta = a.Metadata
+	of.journalLocked(false)
+	of.fs.mu.Lock()
+	of.n.etag = a.ETag
+	if mtime != nil {
+		of.n.mtime = *mtime
 	}
-	return a, true, nil
+	of.fs.mu.Unlock()
+	return true, nil
 }
 
 // changedLocked marks a change; the first one after a commit is journaled,
@@ -305,7 +305,15 @@ func (of *openFile) commit(ctx context.Context) error {
 	}
 	gen, size, f := of.gen, of.size, of.spill
 	opts := blobstore.PutOptions{Metadata: copyMeta(of.baseMeta)}
-	delete(opts.Metadata, blobstore.MetaMtime)
+	// The node's attributes as they are now (a chmod while writing
+	// waits for this commit); the content changes, so the blob's
+	// Last-Modified is its mtime and ctime unless utimensat set one.
+	of.fs.mu.Lock()
+	of.fs.attrsMetaLocked(of.n, opts.Metadata)
+	of.fs.mu.Unlock()
+	deleteMetaKey(opts.Metadata, blobstore.MetaMtime)
+	deleteMetaKey(opts.Metadata, blobstore.MetaRcloneMtime)
+	deleteMetaKey(opts.Metadata, blobstore.MetaCtime)
 	if of.mtime != nil {
 		opts.Metadata[blobstore.MetaMtime] = strconv.FormatInt(of.mtime.UnixNano(), 10)
 	}

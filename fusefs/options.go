@@ -20,6 +20,19 @@ type Options struct {
 	// with another store later never uploads one store's data into
 	// another: such orphans go to lost+found. Empty: not recorded.
 	StoreID string
+	// ForceOwner shows UID and GID as every file's owner and group,
+	// whatever a blob stores (`--uid`/`--gid` given explicitly), and
+	// ForcePerm shows the Umask-derived modes. chown and chmod are then
+	// refused (EPERM): they could not be seen.
+	ForceOwner, ForcePerm bool
+	// FileMode and DirMode are the permissions of files and directories
+	// that store none (0: 0666 and 0777 minus Umask); with ForcePerm, of
+	// every one.
+	FileMode, DirMode uint32
+	// NoAttrWrites never writes POSIX attributes to the store: what blobs
+	// carry is still shown, chmod, chown and utimensat are refused
+	// (EPERM), and new files get the mount's defaults.
+	NoAttrWrites bool
 	// BlockCacheBytes bounds the in-memory read block cache, read-ahead
 	// included. Default 256 MiB.
 	BlockCacheBytes int64
@@ -155,6 +168,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Umask&^0o777 != 0 {
 		return o, errors.New("umask must be within 0777")
+	}
+	if o.FileMode&^0o7777 != 0 || o.DirMode&^0o7777 != 0 {
+		return o, errors.New("file and directory modes must be within 07777")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -48,6 +48,11 @@ type mountConfig struct {
 	create    bool
 	limit     int
 	nonEmpty  bool
+	// POSIX attributes: the flags given explicitly force what every file
+	// shows (forceOwner, forcePerm), as blobfuse2 and rclone do.
+	fileMode, dirMode     uint
+	posixAttrs            bool
+	forceOwner, forcePerm bool
 }
 
 // registerMountFlags declares every mount flag; mount.blobfs -o options are
@@ -73,10 +78,13 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.DurationVar(&c.fs.ListTimeout, "list-timeout", time.Second, "how long directory listings are cached (0 disables)")
 	fl.BoolVar(&c.fs.ReadOnly, "read-only", false, "mount read-only")
 	fl.BoolVar(&c.mount.AllowOther, "allow-other", false, "let users other than the mounting one use the mount")
-	fl.IntVar(&c.uid, "uid", os.Getuid(), "owner of every file")
-	fl.IntVar(&c.gid, "gid", os.Getgid(), "group of every file")
+	fl.IntVar(&c.uid, "uid", os.Getuid(), "owner of files that store none; given, the owner of every file (chown refused)")
+	fl.IntVar(&c.gid, "gid", os.Getgid(), "group of files that store none; given, the group of every file (chown refused)")
 	c.umask = 0o022
-	fl.Var((*octalFlag)(&c.umask), "umask", "umask applied to modes 0777 (directories) and 0666 (files), in octal")
+	fl.Var((*octalFlag)(&c.umask), "umask", "umask applied to modes 0777 (directories) and 0666 (files) of files that store no mode, in octal")
+	fl.Var((*octalFlag)(&c.fileMode), "file-mode", "permissions of every file, in octal, whatever is stored (chmod refused; default: stored, else 0666 minus --umask)")
+	fl.Var((*octalFlag)(&c.dirMode), "dir-mode", "permissions of every directory, in octal, whatever is stored (chmod refused; default: stored, else 0777 minus --umask)")
+	fl.BoolVar(&c.posixAttrs, "posix-attrs", true, "store modes, owners, times and special files in blob metadata; false never writes them (chmod, chown and mknod of special files refused)")
 	fl.IntVar(&c.mount.Readers, "fuse-readers", 8, "goroutines reading FUSE requests")
 	fl.IntVar(&c.mount.ReadAheadKB, "kernel-readahead-kb", 4096, "kernel read-ahead for the mount, KiB (root only; -1 keeps the kernel's 128)")
 	fl.IntVar(&c.retry.MaxAttempts, "retry-attempts", 0, "attempts per store request on throttling and transient errors (default 5)")
@@ -114,6 +122,8 @@ var storeFlags = []string{"container", "account", "endpoint", "auth-type", "crea
 func (c *mountConfig) checkFlags(fl *flag.FlagSet) error {
 	set := map[string]bool{}
 	fl.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	c.forceOwner = set["uid"] || set["gid"]
+	c.forcePerm = set["file-mode"] || set["dir-mode"]
 	if set["local-dir"] {
 		for _, f := range storeFlags {
 			if set[f] {
@@ -136,6 +146,10 @@ func (c *mountConfig) checkFlags(fl *flag.FlagSet) error {
 		return fmt.Errorf("--prefetch-files %d: must not be negative (0 disables)", c.fs.PrefetchFiles)
 	case c.umask > 0o777:
 		return fmt.Errorf("--umask %#o: must be within 0777", c.umask)
+	case c.fileMode > 0o7777:
+		return fmt.Errorf("--file-mode %#o: must be within 07777", c.fileMode)
+	case c.dirMode > 0o7777:
+		return fmt.Errorf("--dir-mode %#o: must be within 07777", c.dirMode)
 	case c.uid < 0:
 		return fmt.Errorf("--uid %d: must not be negative", c.uid)
 	case c.gid < 0:
@@ -291,6 +305,8 @@ func (c *mountConfig) fsOptions(logger *slog.Logger) (fusefs.Options, error) {
 	o.ReadBlockSize = c.readMB << 20
 	o.UploadBlockSize = c.uploadMB << 20
 	o.UID, o.GID, o.Umask = uint32(c.uid), uint32(c.gid), uint32(c.umask)
+	o.FileMode, o.DirMode = uint32(c.fileMode), uint32(c.dirMode)
+	o.ForceOwner, o.ForcePerm, o.NoAttrWrites = c.forceOwner, c.forcePerm, !c.posixAttrs
 	o.StoreID = c.storeID()
 	if o.PrefetchFiles <= 0 {
 		o.PrefetchFiles = -1 // the flag's 0 means "disabled"; Options' 0 means default

@@ -485,6 +485,11 @@ func runMountWorker(args []string) error {
 	if fl.NArg() != 1 {
 		return usageError{errors.New(workerMode + " needs exactly one MOUNTPOINT")}
 	}
+	// The supervisor checked the flags; this also derives what they
+	// imply (which ones were given).
+	if err := c.checkFlags(fl); err != nil {
+		return usageError{err}
+	}
 	mp, err := filepath.Abs(fl.Arg(0))
 	if err != nil {
 		return err
