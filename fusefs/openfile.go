@@ -157,11 +157,12 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 				return err
 			}
 			of.baseETag = etag
-			if of.opened && etag != of.openETag {
+			if of.opened && (of.openETag != "" || of.exclusive) && etag != of.openETag {
 				// Replaced (or created) since the writer opened it:
 				// reads see what is there now, but the commit keeps
 				// the condition of the open, and fails, rather than
-				// write over a change the writer never saw.
+				// write over a change the writer never saw. (An open
+				// that knew no ETag leaves the loaded one.)
 				of.fs.log.Debug("changed in the store since it was opened; its commit will fail", "path", path, "open", of.openETag, "now", etag)
 				of.baseETag = of.openETag
 			}
