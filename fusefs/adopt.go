@@ -166,6 +166,9 @@ func (fs *FS) restore(saved *savedState) error {
 			}
 			h.of = n.file
 			n.file.refs++
+			if sh.write {
+				n.file.writers++
+			}
 		}
 		fs.handles[fh] = h
 	}

@@ -263,6 +263,34 @@ func TestCommitWithLostAnswer(t *testing.T) {
 		wantBlob(t, store, "excl", data)
 		waitNoSpillFiles(t, h.cache)
 	})
+
+	// Creates without O_EXCL and O_TRUNC are conditional too (on
+	// absence, and on the ETag seen at open): the retry recognises its
+	// own commit the same way.
+	t.Run("create without O_EXCL (If-None-Match)", func(t *testing.T) {
+		data := pattern(200<<10, 9)
+		err := crashAndRestart(t, h, "commit/store/created", func() error {
+			return writeAndClose(join(h.mnt, "created"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, data)
+		})
+		if err != nil {
+			t.Fatalf("close with the server killed after its commit: %v, want success", err)
+		}
+		wantBlob(t, store, "created", data)
+		waitNoSpillFiles(t, h.cache)
+	})
+
+	t.Run("O_TRUNC of an existing blob (If-Match of the open)", func(t *testing.T) {
+		mustWrite(t, join(h.mnt, "trunc"), []byte("before\n"))
+		data := pattern(100<<10, 11)
+		err := crashAndRestart(t, h, "commit/store/trunc", func() error {
+			return writeAndClose(join(h.mnt, "trunc"), os.O_WRONLY|os.O_TRUNC, data)
+		})
+		if err != nil {
+			t.Fatalf("close with the server killed after its commit: %v, want success", err)
+		}
+		wantBlob(t, store, "trunc", data)
+		waitNoSpillFiles(t, h.cache)
+	})
 }
 
 // TestRestoredSpillUploadedOnClose: bytes written through a descriptor are

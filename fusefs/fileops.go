@@ -32,6 +32,9 @@ type handle struct {
 func (fs *FS) newHandleLocked(n *node, of *openFile, write bool) *handle {
 	h := &handle{id: fs.nextHandle, n: n, of: of, write: write}
 	fs.nextHandle++
+	if of != nil && write {
+		of.writers++
+	}
 	fs.handles[h.id] = h
 	if fs.nodes.state != nil {
 		fs.nodes.state.append(handleRecord(nil, h))
@@ -90,9 +93,7 @@ func (fs *FS) releaseFile(of *openFile) {
 			fs.retryCommit(of)
 			return
 		}
-		path, _ := fs.pathOf(of.n)
-		kept := of.keepSpill(path)
-		fs.log.Error("upload failed; data kept on local disk", "path", path, "kept", kept, "err", err)
+		fs.keepFailed(of, err)
 	}
 	fs.mu.Lock()
 	drop := of.refs == 0
@@ -136,9 +137,7 @@ func (fs *FS) retryCommitAfter(of *openFile, first time.Duration) {
 			cf()
 			if err == nil || fs.ctx.Err() != nil || !blobstore.Retryable(err) {
 				if err != nil {
-					path, _ := fs.pathOf(of.n)
-					kept := of.keepSpill(path)
-					fs.log.Error("upload failed; data kept on local disk", "path", path, "kept", kept, "err", err)
+					fs.keepFailed(of, err)
 				}
 				fs.releaseFile(of)
 				return
@@ -146,6 +145,27 @@ func (fs *FS) retryCommitAfter(of *openFile, first time.Duration) {
 			delay = min(max(delay*2, time.Second), time.Minute)
 		}
 	}()
+}
+
+// keepFailed moves the spill file of a commit that failed for good to
+// lost+found, and says where.
+func (fs *FS) keepFailed(of *openFile, err error) {
+	path, _ := fs.pathOf(of.n)
+	kept := of.keepSpill(path)
+	if isConflict(err) {
+		// Not a failure of blobfs: the user's own data met another
+		// writer's, and must hear of both.
+		fs.log.Warn("file changed in the store since it was opened here (another writer); the store keeps the other writer's version, this one is kept on local disk",
+			"path", path, "kept", kept, "err", err)
+		return
+	}
+	fs.log.Error("upload failed; data kept on local disk", "path", path, "kept", kept, "err", err)
+}
+
+// isConflict tells whether a commit failed its condition: another writer
+// changed the blob since this file's writers saw it.
+func isConflict(err error) bool {
+	return errors.Is(err, blobstore.ErrPreconditionFailed) || errors.Is(err, blobstore.ErrAlreadyExists)
 }
 
 // committed records a successful upload of n.
@@ -211,6 +231,8 @@ func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.S
 	of := fs.acquireFile(n)
 	if write {
 		of.streamName.Store(&path)
+		_, etag, _, inStore, _ := fs.fileState(n)
+		of.openedForWrite(etag, inStore)
 	}
 	if write && in.Flags&syscall.O_TRUNC != 0 {
 		if err := of.truncate(ctx, 0); err != nil {
@@ -313,16 +335,16 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 	}
 	touchDirLocked(dir, now)
 	n.size, n.mtime = 0, now
+	etag, inStore := n.etag, n.inStore && in.Flags&syscall.O_EXCL == 0
 	of := fs.acquireFileLocked(n)
 	fs.mu.Unlock()
 	path := joinPath(dirPath, name)
 	of.streamName.Store(&path)
 
-	// Exclusive before the spill file exists, so that its journal
-	// record says so: a successor's commit must be exclusive too.
-	of.mu.Lock()
-	of.exclusive = in.Flags&syscall.O_EXCL != 0
-	of.mu.Unlock()
+	// What the writer saw, before the spill file exists, so that its
+	// journal record says so: a successor's commit must be conditional
+	// too. No blob, unless this mount has the file open already.
+	of.openedForWrite(etag, inStore)
 	if err := of.truncate(ctx, 0); err != nil {
 		fs.releaseFile(of)
 		fs.dropIntent(intent)
@@ -532,8 +554,11 @@ func (fs *FS) Fsync(_ <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
 func (fs *FS) commit(h *handle) fuse.Status {
 	if err := h.of.commit(fs.ctx); err != nil {
 		fs.log.Warn("commit failed", "err", err)
-		if errors.Is(err, blobstore.ErrPreconditionFailed) || errors.Is(err, blobstore.ErrAlreadyExists) {
-			return toStatus(err)
+		if isConflict(err) {
+			// ESTALE for a failed If-None-Match too: the file this
+			// writer opened is not the one in the store, which EEXIST
+			// at close would not say.
+			return fuse.Status(syscall.ESTALE)
 		}
 		return fuse.EIO
 	}
@@ -543,7 +568,15 @@ func (fs *FS) commit(h *handle) fuse.Status {
 func (fs *FS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
 	fs.mu.Lock()
 	h := fs.dropHandleLocked(in.Fh)
+	lastWriter := false
+	if h != nil && h.of != nil && h.write {
+		h.of.writers--
+		lastWriter = h.of.writers == 0
+	}
 	fs.mu.Unlock()
+	if lastWriter {
+		h.of.writerReleased()
+	}
 	if h != nil && h.of != nil {
 		fs.blocks.demote(h.id)
 		fs.releaseFile(h.of)

@@ -552,12 +552,19 @@ func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string, 
 		return err
 	}
 	fs.mu.Lock()
+	moved := n.etag
 	n.etag = a.ETag
 	fs.mu.Unlock()
 	if of != nil {
+		// The condition of the next commit follows the blob to its new
+		// name. An ETag seen at open that is not the one this mount
+		// knew moved is left as it is: the commit then fails, as it
+		// would have under the old name.
 		of.mu.Lock()
 		if of.baseETag != "" {
 			of.baseETag = a.ETag
+		} else if of.openETag != "" && of.openETag == moved {
+			of.openETag = a.ETag
 		}
 		of.mu.Unlock()
 	}

@@ -29,10 +29,19 @@ import (
 // handle go to the spill file once it exists, otherwise to the store through
 // the block cache.
 //
-// Consistency: when the spill file was loaded from the store, the commit is
-// conditional on the ETag it was loaded from (If-Match), so a concurrent
-// change by another writer is reported (ESTALE) instead of being silently
-// overwritten. A file created with O_EXCL commits with If-None-Match.
+// Consistency: every commit is conditional on what the writer saw when it
+// opened the file, so that a change by another writer (another mount, or
+// any client of the store) since then is reported (ESTALE at fsync and
+// close, the writer's data kept in lost+found) instead of being silently
+// overwritten. An open records the blob's ETag, or that there was none
+// (openedForWrite); the first commit requires it (If-Match, or
+// If-None-Match when there was none), whether the file was truncated at
+// open (O_TRUNC), created (O_CREAT, with or without O_EXCL) or is
+// rewritten in place. A spill file loaded from a blob that is no longer
+// the one seen at open keeps the condition of the open: it loads what is
+// there, so that reads stay coherent, and its commit fails. After a
+// commit, the next one is conditional on the ETag this mount wrote
+// (baseETag), so handles of one mount never conflict with each other.
 //
 // Streaming: a file written sequentially from empty (a copy, a download, a
 // log being created) has each full upload block staged in the background as
@@ -58,17 +67,29 @@ type openFile struct {
 	size         int64
 	gen          uint64 // bumped by every change
 	committedGen uint64
-	baseETag     string // If-Match for the next commit
-	// openETag is the ETag of the blob when the spill file was made
-	// without loading it (O_TRUNC), "" if there was none: what a lost
-	// session's spill file is uploaded on the condition of when baseETag
-	// is empty (spillrecover.go).
+	// baseETag is the If-Match of the next commit: the ETag the spill
+	// file was loaded from or this file last committed.
+	baseETag string
+	// openETag is the blob's ETag that the writers saw at open, or when
+	// the spill file was made if no open recorded one; "" if there was
+	// none (exclusive) or it is unknown (a spill file restored without
+	// its record). The next commit's If-Match while baseETag is empty,
+	// and what a lost session's spill file is uploaded on the condition
+	// of (spillrecover.go).
 	openETag string
+	// opened: an open recorded openETag and exclusive (openedForWrite)
+	// since the last write handle was released, and the spill file made
+	// next takes them instead of the node's current view.
+	opened bool
+	// writers counts the open write handles; guarded by FS.mu.
+	writers int
 	// recorded is the spill file's record as last written.
-	recorded  string
-	baseMeta  map[string]string // metadata kept across rewrites
-	exclusive bool              // If-None-Match on the first commit
-	mtime     *time.Time        // set by utimes; written as metadata
+	recorded string
+	baseMeta map[string]string // metadata kept across rewrites
+	// exclusive: the writer saw no blob (or opened with O_EXCL): the
+	// first commit has If-None-Match.
+	exclusive bool
+	mtime     *time.Time // set by utimes; written as metadata
 	unlinked  bool
 	commitErr error // the last failed commit
 	// commitNonce names the pending commit (blobstore.MetaCommit): made
@@ -114,9 +135,10 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 	of.setSizeLocked(0)
 	of.recorded = ""
 	path, etag, size, inStore, ok := of.fs.fileState(of.n)
-	of.openETag = ""
-	if inStore {
-		of.openETag = etag
+	if !of.opened {
+		// No open recorded what it saw (a truncate by name): the change
+		// starts from the node as this mount knows it now.
+		of.seenLocked(etag, inStore)
 	}
 	if load {
 		if !ok {
@@ -135,6 +157,15 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 				return err
 			}
 			of.baseETag = etag
+			if of.opened && (of.openETag != "" || of.exclusive) && etag != of.openETag {
+				// Replaced (or created) since the writer opened it:
+				// reads see what is there now, but the commit keeps
+				// the condition of the open, and fails, rather than
+				// write over a change the writer never saw. (An open
+				// that knew no ETag leaves the loaded one.)
+				of.fs.log.Debug("changed in the store since it was opened; its commit will fail", "path", path, "open", of.openETag, "now", etag)
+				of.baseETag = of.openETag
+			}
 			of.setSizeLocked(size)
 		}
 	}
@@ -149,6 +180,55 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 		}
 	}
 	return nil
+}
+
+// openedForWrite records what a writer saw when it opened the file: the
+// blob's ETag, or (inStore false) that there was none. Its commit is
+// conditional on it. A file with a spill file already keeps its own
+// condition: the content there is this mount's, loaded or committed by it,
+// and a handle opened now writes on top of it.
+func (of *openFile) openedForWrite(etag string, inStore bool) {
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	if of.spill != nil {
+		return
+	}
+	of.seenLocked(etag, inStore)
+	of.opened = true
+}
+
+func (of *openFile) seenLocked(etag string, inStore bool) {
+	of.openETag, of.exclusive = "", !inStore
+	if inStore {
+		of.openETag = etag
+	}
+}
+
+// writerReleased is called when the last write handle on the file is
+// released: what those writers saw no longer matters to a spill file made
+// later (by a truncate by name while readers hold the file open).
+func (of *openFile) writerReleased() {
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	if of.spill == nil {
+		of.opened = false
+	}
+}
+
+// conditionsLocked returns the condition of the next commit: the blob as
+// this file loaded or committed it, else as its writers saw it at open.
+// It is unconditional only when that is unknown: a spill file restored
+// from a state region without its own record (spillrecover.go).
+func (of *openFile) conditionsLocked() blobstore.Conditions {
+	switch {
+	case of.baseETag != "":
+		return blobstore.Conditions{IfMatch: of.baseETag}
+	case of.exclusive:
+		return blobstore.Conditions{IfNoneMatch: true}
+	case of.openETag != "":
+		return blobstore.Conditions{IfMatch: of.openETag}
+	}
+	return blobstore.Conditions{}
 }
 
 func (of *openFile) write(ctx context.Context, data []byte, off int64) error {
@@ -323,11 +403,7 @@ func (of *openFile) commit(ctx context.Context) error {
 	}
 	nonce := of.commitNonce
 	opts.Metadata[blobstore.MetaCommit] = nonce
-	if of.baseETag != "" {
-		opts.IfMatch = of.baseETag
-	} else if of.exclusive {
-		opts.IfNoneMatch = true
-	}
+	opts.Conditions = of.conditionsLocked()
 	// A stream is used up by this commit, whatever happens: later
 	// changes go up whole.
 	stream := of.stream

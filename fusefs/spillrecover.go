@@ -73,14 +73,10 @@ func (of *openFile) recordLocked(dirty bool) {
 	fs := of.fs
 	path, ok := fs.pathOf(of.n)
 	rec := spillRecord{Store: fs.opts.StoreID, Blob: path, Dirty: dirty && ok && !of.unlinked, Nonce: of.commitNonce}
-	switch {
-	case of.baseETag != "":
-		rec.IfMatch = of.baseETag
-	case of.openETag != "":
-		rec.IfMatch = of.openETag
-	default:
-		rec.IfNoneMatch = true
-	}
+	// The commit's own condition; where that is unknown (none), an
+	// orphan goes up only where no blob is in its way.
+	c := of.conditionsLocked()
+	rec.IfMatch, rec.IfNoneMatch = c.IfMatch, c.IfMatch == ""
 	b, err := json.Marshal(rec)
 	if err != nil || string(b) == of.recorded {
 		return

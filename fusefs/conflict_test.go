@@ -1,0 +1,304 @@
+package fusefs
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/blobstore/storetest"
+)
+
+// conflictModes are the ways a writer opens a file whose blob another
+// writer then changes. exists: the blob is there before both open.
+var conflictModes = []struct {
+	name   string
+	flag   int
+	exists bool
+}{
+	{"O_RDWR", os.O_RDWR, true},
+	{"O_WRONLY", os.O_WRONLY, true},
+	{"O_TRUNC", os.O_WRONLY | os.O_TRUNC, true},
+	{"O_APPEND", os.O_WRONLY | os.O_APPEND, true},
+	{"O_CREAT existing name", os.O_WRONLY | os.O_CREATE, true},
+	{"O_CREAT new name", os.O_WRONLY | os.O_CREATE, false},
+}
+
+// conflictMountOptions: no attribute, entry or listing cache, so that a
+// mount sees at once what the other mount or the store API changed; with
+// them, a lookup could answer from what it saw a moment before, and the
+// test would check the caches rather than the commit's condition.
+var conflictMountOptions = Options{AttrTimeout: -1, EntryTimeout: -1, NegativeTimeout: -1, ListTimeout: -1}
+
+// TestConflictNoSilentLostUpdate: writer B opens a file, another writer
+// (a second mount of the same container, or a client of the store API)
+// replaces it, then B writes and closes. B's close (or fsync) fails with
+// ESTALE, the store keeps the other writer's bytes, and B's bytes are in
+// B's lost+found: never the other writer's update silently gone.
+func TestConflictNoSilentLostUpdate(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
+		mntA, _ := mountStore(t, s, conflictMountOptions)
+		optsB := conflictMountOptions
+		optsB.CacheDir = t.TempDir()
+		var logged *lockedBuffer
+		optsB.Logger, logged = capturingLogger(t)
+		mntB, _ := mountStore(t, s, optsB)
+
+		others := []struct {
+			name string
+			// change replaces name's content with data, not through B.
+			change func(t *testing.T, name string, data []byte)
+			// fsync: B calls fsync before close; both must fail.
+			fsync bool
+		}{
+			{"second mount", func(t *testing.T, name string, data []byte) {
+				if err := writeAndClose(join(mntA, name), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, data); err != nil {
+					t.Fatalf("writer A: %v", err)
+				}
+			}, false},
+			{"store API", func(t *testing.T, name string, data []byte) {
+				putBlob(t, s, name, data, nil)
+			}, true},
+		}
+		i := 0
+		for _, other := range others {
+			for _, m := range conflictModes {
+				i++
+				name := fmt.Sprintf("f%02d", i)
+				t.Run(other.name+"/"+m.name, func(t *testing.T) {
+					old, dataA, dataB := []byte("old content\n"), []byte("A's update\n"), []byte("B's longer update, lost if nothing stops it\n")
+					if m.exists {
+						putBlob(t, s, name, old, nil)
+					}
+					f := mustOpen(t, join(mntB, name), m.flag)
+					other.change(t, name, dataA)
+					mustWriteHandle(t, f, dataB)
+					if other.fsync {
+						wantErrno(t, f.Sync(), syscall.ESTALE)
+					}
+					wantErrno(t, f.Close(), syscall.ESTALE)
+					wantBlob(t, s, name, dataA)
+					if kept := waitLostFound(t, optsB.CacheDir, name); !bytes.Contains(kept, dataB) {
+						t.Errorf("lost+found holds %q, want B's %q in it", kept, dataB)
+					}
+					waitLogLine(t, logged, "WARN", name)
+				})
+			}
+		}
+	})
+}
+
+// waitLostFound waits for the one file of blob name in cacheDir's
+// lost+found (a conflict is found again at the kernel's RELEASE, which
+// follows close(2) without the application waiting for it) and returns
+// its content.
+func waitLostFound(t *testing.T, cacheDir, name string) []byte {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		kept, _ := filepath.Glob(filepath.Join(cacheDir, "lost+found", "*-"+name))
+		if len(kept) > 1 {
+			t.Fatalf("lost+found holds %v for %s, want one file", kept, name)
+		}
+		if len(kept) == 1 {
+			b, err := os.ReadFile(kept[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing in lost+found for %s", name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitLogLine waits for a line at level naming path in the log: the
+// conflict found at RELEASE is logged once its data is in lost+found.
+func waitLogLine(t *testing.T, logged *lockedBuffer, level, path string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !logLine(logged.String(), level, path) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s line names %s in the log:\n%s", level, path, logged.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestConflictNotFalse: what one mount does to its own files is no
+// conflict, however many handles it has and whatever they are opened
+// with: every close succeeds, the store holds the last bytes written and
+// lost+found stays empty.
+func TestConflictNotFalse(t *testing.T) {
+	cases := []struct {
+		name string
+		// do works on mnt/f (which holds "old content" if exists) and
+		// returns the content the store must end with.
+		exists bool
+		do     func(t *testing.T, p string) []byte
+	}{
+		{"reopen with O_TRUNC after own create", false, func(t *testing.T, p string) []byte {
+			mustClose(t, writeAndClose(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, []byte("first")))
+			mustClose(t, writeAndClose(p, os.O_WRONLY|os.O_TRUNC, []byte("second")))
+			mustClose(t, writeAndClose(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, []byte("third")))
+			return []byte("third")
+		}},
+		{"reopen with O_TRUNC after own O_RDWR", true, func(t *testing.T, p string) []byte {
+			mustClose(t, writeAndClose(p, os.O_RDWR, []byte("OLD")))
+			mustClose(t, writeAndClose(p, os.O_WRONLY|os.O_TRUNC, []byte("new")))
+			return []byte("new")
+		}},
+		{"two O_TRUNC handles, one closed before the other writes", true, func(t *testing.T, p string) []byte {
+			h1, h2 := mustOpen(t, p, os.O_WRONLY|os.O_TRUNC), mustOpen(t, p, os.O_WRONLY|os.O_TRUNC)
+			mustWriteHandle(t, h1, []byte("one"))
+			mustClose(t, h1.Close())
+			mustWriteHandle(t, h2, []byte("two, longer"))
+			mustClose(t, h2.Close())
+			return []byte("two, longer")
+		}},
+		{"O_RDWR and O_TRUNC handles", true, func(t *testing.T, p string) []byte {
+			h1 := mustOpen(t, p, os.O_RDWR)
+			h2 := mustOpen(t, p, os.O_WRONLY|os.O_TRUNC)
+			mustWriteHandle(t, h2, []byte("truncated"))
+			mustClose(t, h2.Close())
+			mustWriteHandle(t, h1, []byte("T"))
+			mustClose(t, h1.Close())
+			return []byte("Truncated")
+		}},
+		{"two creates of a new name", false, func(t *testing.T, p string) []byte {
+			h1 := mustOpen(t, p, os.O_WRONLY|os.O_CREATE)
+			h2 := mustOpen(t, p, os.O_WRONLY|os.O_CREATE)
+			mustWriteHandle(t, h1, []byte("one"))
+			mustClose(t, h1.Close())
+			mustWriteHandle(t, h2, []byte("two, longer"))
+			mustClose(t, h2.Close())
+			return []byte("two, longer")
+		}},
+		{"rename of a file open with O_TRUNC", true, func(t *testing.T, p string) []byte {
+			h := mustOpen(t, p, os.O_WRONLY|os.O_TRUNC)
+			if err := os.Rename(p, p+".moved"); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(p+".moved", p); err != nil {
+				t.Fatal(err)
+			}
+			mustWriteHandle(t, h, []byte("moved twice"))
+			mustClose(t, h.Close())
+			return []byte("moved twice")
+		}},
+		{"rename of a file open with O_RDWR, not written yet", true, func(t *testing.T, p string) []byte {
+			h := mustOpen(t, p, os.O_RDWR)
+			if err := os.Rename(p, p+".moved"); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(p+".moved", p); err != nil {
+				t.Fatal(err)
+			}
+			mustWriteHandle(t, h, []byte("OLD"))
+			mustClose(t, h.Close())
+			return []byte("OLD content\n")
+		}},
+		{"ftruncate of an open file", true, func(t *testing.T, p string) []byte {
+			h := mustOpen(t, p, os.O_RDWR)
+			if err := h.Truncate(0); err != nil {
+				t.Fatal(err)
+			}
+			mustWriteHandle(t, h, []byte("after ftruncate"))
+			if err := h.Sync(); err != nil {
+				t.Fatalf("fsync: %v", err)
+			}
+			if err := h.Truncate(5); err != nil {
+				t.Fatal(err)
+			}
+			mustClose(t, h.Close())
+			return []byte("after")
+		}},
+		{"truncate by name while open with O_TRUNC", true, func(t *testing.T, p string) []byte {
+			h := mustOpen(t, p, os.O_WRONLY|os.O_TRUNC)
+			mustWriteHandle(t, h, []byte("written"))
+			if err := os.Truncate(p, 4); err != nil {
+				t.Fatal(err)
+			}
+			mustClose(t, h.Close())
+			return []byte("writ")
+		}},
+	}
+	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
+		for i, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				opts := Options{CacheDir: t.TempDir()}
+				mnt, _ := mountStore(t, s, opts)
+				name := fmt.Sprintf("f%d", i)
+				if c.exists {
+					putBlob(t, s, name, []byte("old content\n"), nil)
+				}
+				want := c.do(t, join(mnt, name))
+				wantBlob(t, s, name, want)
+				if got := mustRead(t, join(mnt, name)); !bytes.Equal(got, want) {
+					t.Errorf("read back %q, want %q", got, want)
+				}
+				if kept, _ := filepath.Glob(filepath.Join(opts.CacheDir, "lost+found", "*")); len(kept) > 0 {
+					t.Errorf("lost+found holds %v, want nothing", kept)
+				}
+			})
+		}
+	})
+}
+
+func mustOpen(t *testing.T, p string, flag int) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(p, flag, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func mustWriteHandle(t *testing.T, f *os.File, b []byte) {
+	t.Helper()
+	if _, err := f.Write(b); err != nil {
+		t.Fatalf("write %s: %v", f.Name(), err)
+	}
+}
+
+// mustClose fails the test on a close (or writeAndClose) error: where a
+// false conflict would show.
+func mustClose(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("close: %v", err)
+	}
+}
+
+// TestConflictTruncateByNameAfterWritersLeft: what a writer saw at open
+// stops mattering once it closed. A writer opens and closes a file without
+// writing while a reader keeps it open, the store API replaces it, then the
+// file is truncated by name (truncate(2), no open): that truncate acts on
+// the blob as it is now, and neither it nor the reader's close fails.
+func TestConflictTruncateByNameAfterWritersLeft(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
+		opts := conflictMountOptions
+		opts.CacheDir = t.TempDir()
+		mnt, _ := mountStore(t, s, opts)
+		p := join(mnt, "f")
+		putBlob(t, s, "f", []byte("old content\n"), nil)
+		r := mustOpen(t, p, os.O_RDONLY)
+		mustClose(t, mustOpen(t, p, os.O_WRONLY).Close())
+		putBlob(t, s, "f", []byte("replaced through the store API\n"), nil)
+		if err := os.Truncate(p, 8); err != nil {
+			t.Fatalf("truncate: %v", err)
+		}
+		mustClose(t, r.Close())
+		wantBlob(t, s, "f", []byte("replaced"))
+		if kept, _ := filepath.Glob(filepath.Join(opts.CacheDir, "lost+found", "*")); len(kept) > 0 {
+			t.Errorf("lost+found holds %v, want nothing", kept)
+		}
+	})
+}
