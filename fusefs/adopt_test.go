@@ -42,6 +42,10 @@ func TestMain(m *testing.M) {
 		peerAdopt(sock)
 		os.Exit(0)
 	}
+	if mnt := os.Getenv(unprivEnv); mnt != "" {
+		runUnprivCases(mnt)
+		os.Exit(0)
+	}
 	if os.Getenv("BLOBFS_TEST_SERVE") != "" {
 		if err := serveChild(); err != nil {
 			fmt.Fprintln(os.Stderr, "serve child:", err)

@@ -526,6 +526,9 @@ func (fs *FS) Write(_ <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, f
 	}
 	fs.mu.Lock()
 	h.n.mtime = time.Now()
+	if in.Caller.Uid != 0 {
+		killPrivLocked(h.n)
+	}
 	fs.mu.Unlock()
 	return uint32(len(data)), fuse.OK
 }
