@@ -26,8 +26,13 @@ type client struct {
 // blobfsClient runs `blobfs mount --foreground` over the container, as a
 // user would, or serves fusefs in-process when cfg.InProcess is set.
 func blobfsClient(cfg *Config, az *azureEnv) client {
+	return blobfsVariant(cfg, az, blobfsName, nil)
+}
+
+// blobfsVariant is blobfsClient with extra mount flags, under its own name.
+func blobfsVariant(cfg *Config, az *azureEnv, name string, extra []string) client {
 	if cfg.InProcess {
-		return client{name: blobfsName, mount: func(ctx context.Context, dir, scratch string) (mount, error) {
+		return client{name: name, mount: func(ctx context.Context, dir, scratch string) (mount, error) {
 			store, err := blobstore.NewAzure(az.storeConfig())
 			if err != nil {
 				return nil, err
@@ -35,7 +40,7 @@ func blobfsClient(cfg *Config, az *azureEnv) client {
 			return mountInProcess(dir, scratch, blobstore.NewRetrying(store, blobstore.RetryPolicy{}), fusefs.Options{})
 		}}
 	}
-	return client{name: blobfsName, mount: func(ctx context.Context, dir, scratch string) (mount, error) {
+	return client{name: name, mount: func(ctx context.Context, dir, scratch string) (mount, error) {
 		argv := []string{cfg.BlobfsBin, "mount", "--foreground",
 			"--container", az.container,
 			"--endpoint", az.endpoint,
@@ -44,6 +49,7 @@ func blobfsClient(cfg *Config, az *azureEnv) client {
 			"--log-level", "warn",
 		}
 		argv = append(argv, cfg.BlobfsArgs...)
+		argv = append(argv, extra...)
 		argv = append(argv, dir)
 		env := []string{"AZURE_STORAGE_ACCOUNT=" + az.account, "AZURE_STORAGE_KEY=" + az.key}
 		return startProc(ctx, dir, argv, env, []string{cfg.BlobfsBin, "unmount", dir})

@@ -106,6 +106,10 @@ type Config struct {
 	// BlobfsArgs are extra `blobfs mount` flags for the Azurite figures,
 	// e.g. --readahead-blocks=32, to try a tuning.
 	BlobfsArgs []string
+	// CompareArgs, when set, measures a second blobfs beside the first in
+	// the Azurite figures, with these flags added (for example
+	// --posix-attrs=false), interleaved in one run like the other clients.
+	CompareArgs []string
 	// InProcess serves the Azurite figures' blobfs mount from this
 	// process (fusefs over blobstore.NewAzure, default options) instead
 	// of the blobfs binary, so that a CPU profile of this process covers

@@ -76,6 +76,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if cfg.Others {
 			r.report.Clients, r.others = otherClients(az)
 		}
+		if len(cfg.CompareArgs) > 0 {
+			name := blobfsName + " " + strings.Join(cfg.CompareArgs, " ")
+			r.others = append(r.others, blobfsVariant(&r.cfg, az, name, cfg.CompareArgs))
+			r.report.Clients = append(r.report.Clients, ClientStatus{Name: name, Path: cfg.BlobfsBin})
+		}
 		if w := r.cfg.azuriteWrites(len(r.others)); w > 8*GiB {
 			r.logf("warning: this run writes about %s to Azurite, which an in-memory Azurite keeps until its garbage collection "+
 				"(every 10 minutes) and refuses past its memory limit: start a fresh one for it", human(w/GiB*GiB))

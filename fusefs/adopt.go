@@ -140,8 +140,15 @@ func (fs *FS) restore(saved *savedState) error {
 			return fmt.Errorf("spill %s: %w", sf.spillPath, err)
 		}
 		of := &openFile{fs: fs, n: n, spill: f, spillPath: sf.spillPath, baseETag: sf.baseETag, exclusive: sf.exclusive, commitNonce: sf.commitNonce}
-		if rec, ok := readSpillRecord(f); ok && sf.baseETag == "" {
-			of.openETag = rec.IfMatch // the region does not keep it
+		if rec, ok := readSpillRecord(f); ok {
+			if sf.baseETag == "" {
+				of.openETag = rec.IfMatch // the region does not keep it
+			}
+			if len(rec.Attrs) > 0 {
+				// A file created and not yet committed has its
+				// attributes only here.
+				n.attrs, n.attrsKnown = parsePOSIX(rec.Attrs), true
+			}
 		}
 		of.setSizeLocked(st.Size())
 		of.hasSpill.Store(true)

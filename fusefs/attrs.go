@@ -206,8 +206,8 @@ func (fs *FS) newAttrsLocked(parent *node, uid, gid, mode uint32, kind nodeKind,
 			p.perm |= syscall.S_ISGID
 		}
 	}
-	if t := mode & syscall.S_IFMT; kind == kindSpecial {
-		p.special = t
+	if kind == kindSpecial {
+		p.special = mode & syscall.S_IFMT
 	}
 	return p
 }
@@ -250,19 +250,15 @@ func (fs *FS) attrOf(n *node) shownAttrs {
 	return s
 }
 
-// attrsMeta returns the metadata that stores n's attributes as they are
-// now, for a request that replaces a blob's metadata. The caller holds
-// FS.mu.
+// attrsMetaLocked writes into md the keys that store n's attributes as
+// they are now, for a request that replaces a blob's metadata. The caller
+// holds FS.mu.
 func (fs *FS) attrsMetaLocked(n *node, md map[string]string) {
 	if fs.opts.NoAttrWrites {
 		return
 	}
 	writePOSIX(md, n.kind, n.attrs)
 }
-
-// errRootAttrs: the root directory is the container; it has no blob to
-// hold attributes.
-var errRootAttrs = errors.New("the root directory has no blob to store attributes in")
 
 // storeAttrs writes n's attributes (and mtime, when setMtime) to the store
 // at path: into the pending commit of a file being written, else with Set
@@ -284,10 +280,9 @@ func (fs *FS) storeAttrs(ctx context.Context, n *node, path string, mtime *time.
 		}
 	}
 	if path == "" {
-		if kind == kindDir {
-			return nil // the root: kept in memory for the mount's life
-		}
-		return nil // unlinked: nothing to store
+		// The root (no blob: kept in memory for the mount's life), or
+		// an unlinked file (nothing to store).
+		return nil
 	}
 	a, err := fs.setAttrsInStore(ctx, n, path, "", mtime)
 	if errors.Is(err, blobstore.ErrNotFound) && kind == kindDir {

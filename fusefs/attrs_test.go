@@ -364,3 +364,34 @@ func TestAttributesFromOtherTools(t *testing.T) {
 		t.Errorf("a mount that never writes attributes wrote %v (%v)", a.Metadata, err)
 	}
 }
+
+// TestAttributesSurviveServerKill: a file created with a mode and still
+// being written when its server is killed keeps that mode: the attributes
+// of a file not yet committed live in its spill file's record, which the
+// next server reads when it adopts the mount.
+func TestAttributesSurviveServerKill(t *testing.T) {
+	h := newRestartHarness(t)
+	h.start()
+	old := syscall.Umask(0o022)
+	defer syscall.Umask(old)
+	f, err := os.OpenFile(join(h.mnt, "private"), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("before"); err != nil {
+		t.Fatal(err)
+	}
+	h.kill()
+	h.start()
+	if _, err := f.WriteString(" after"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatalf("close after the restart: %v", err)
+	}
+	wantMode(t, join(h.mnt, "private"), syscall.S_IFREG|0o600)
+	a, err := h.localStore().Stat(context.Background(), "private")
+	if v, _ := metaValue(a.Metadata, blobstore.MetaMode); err != nil || v != "100600" {
+		t.Fatalf("blob private: %s=%q (%v), want 100600", blobstore.MetaMode, v, err)
+	}
+}

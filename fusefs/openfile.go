@@ -322,6 +322,7 @@ func (of *openFile) setAttrs(ctx context.Context, path string, mtime *time.Time)
 			of.mtime = mtime
 		}
 		of.changedLocked()
+		of.recordLocked(true) // the attributes, for a successor
 		return true, nil
 	}
 	if path == "" {

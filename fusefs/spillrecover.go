@@ -62,6 +62,9 @@ type spillRecord struct {
 	// Nonce names a commit that may have reached the store without its
 	// answer reaching the dead process (blobstore.MetaCommit).
 	Nonce string `json:"nonce,omitempty"`
+	// Attrs are the file's POSIX attributes as metadata keys (attrs.go):
+	// a file created here and not yet committed has them nowhere else.
+	Attrs map[string]string `json:"attrs,omitempty"`
 }
 
 // recordLocked writes the spill file's record, if it changed; dirty says
@@ -72,7 +75,10 @@ func (of *openFile) recordLocked(dirty bool) {
 	}
 	fs := of.fs
 	path, ok := fs.pathOf(of.n)
-	rec := spillRecord{Store: fs.opts.StoreID, Blob: path, Dirty: dirty && ok && !of.unlinked, Nonce: of.commitNonce}
+	rec := spillRecord{Store: fs.opts.StoreID, Blob: path, Dirty: dirty && ok && !of.unlinked, Nonce: of.commitNonce, Attrs: map[string]string{}}
+	fs.mu.Lock()
+	fs.attrsMetaLocked(of.n, rec.Attrs)
+	fs.mu.Unlock()
 	// The commit's own condition; where that is unknown (none), an
 	// orphan goes up only where no blob is in its way.
 	c := of.conditionsLocked()
@@ -220,6 +226,10 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) {
 	if opts.Metadata == nil {
 		opts.Metadata = map[string]string{}
 	}
+	for k, v := range rec.Attrs {
+		setMetaKey(opts.Metadata, k, v) // the attributes the session gave the file
+	}
+	deleteMetaKey(opts.Metadata, blobstore.MetaCtime)
 	delete(opts.Metadata, blobstore.MetaMtime) // written now
 	delete(opts.Metadata, blobstore.MetaCommit)
 	up := func() (blobstore.Attrs, error) {

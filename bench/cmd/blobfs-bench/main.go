@@ -39,13 +39,14 @@ func main() {
 
 // options are the flags that are not part of bench.Config.
 type options struct {
-	quick      bool
-	figures    string
-	blobfsArgs string
-	quiet      bool
-	out        string
-	cpuProfile string
-	timeout    time.Duration
+	quick       bool
+	figures     string
+	blobfsArgs  string
+	compareArgs string
+	quiet       bool
+	out         string
+	cpuProfile  string
+	timeout     time.Duration
 }
 
 // newFlags registers every flag with defaults taken from c.
@@ -62,6 +63,7 @@ func newFlags(c *bench.Config, o *options) *flag.FlagSet {
 	fl.StringVar(&c.Key, "key", c.Key, "account key (env BLOBFS_TEST_AZURITE_KEY; default Azurite's well-known key)")
 	fl.StringVar(&c.BlobfsBin, "blobfs", c.BlobfsBin, "blobfs binary (make build)")
 	fl.StringVar(&o.blobfsArgs, "blobfs-args", "", "extra `blobfs mount` flags, space-separated, e.g. \"--readahead-blocks=32\"")
+	fl.StringVar(&o.compareArgs, "compare-args", "", "also measure a second blobfs with these extra mount flags, beside the first in one run, e.g. \"--posix-attrs=false\"")
 	fl.BoolVar(&c.InProcess, "inprocess", c.InProcess, "diagnostic: serve the Azurite figures' blobfs mount in this process (profile it with -cpuprofile)")
 	fl.IntVar(&c.Reps, "reps", c.Reps, "timed repetitions per side; the best counts")
 	fl.Var(byteSize{&c.Size}, "size", "large file size (seq-read, seq-write, fuse)")
@@ -111,6 +113,7 @@ func run(args []string) error {
 	}
 	c.Figures = figs
 	c.BlobfsArgs = strings.Fields(o.blobfsArgs)
+	c.CompareArgs = strings.Fields(o.compareArgs)
 	if !o.quiet {
 		c.Log = os.Stderr
 	}
