@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
 )
 
@@ -99,13 +100,22 @@ func TestPOSIXUnprivileged(t *testing.T) {
 	bin := filepath.Join(dir, "unpriv.test")
 	copyExecutable(t, bin)
 
-	s := storetest.Memory(t)
+	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
+		checkUnprivileged(t, s, bin, dir)
+		clearStore(t, s)
+	})
+}
+
+func checkUnprivileged(t *testing.T, s blobstore.Store, bin, dir string) {
 	fsys, err := New(s, Options{CacheDir: t.TempDir(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	mnt := filepath.Join(dir, "mnt")
-	os.Mkdir(mnt, 0o755)
+	mnt, err := os.MkdirTemp(dir, "mnt-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(mnt, 0o755)
 	sess, err := Mount(mnt, fsys, MountOptions{AllowOther: true, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
