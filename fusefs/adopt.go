@@ -205,7 +205,7 @@ func (fs *FS) restore(saved *savedState) error {
 		t.maybeDrop(of.n)
 		fs.mu.Unlock()
 	}
-	fs.log.Info("state restored", "nodes", len(t.byID), "handles", len(fs.handles), "open files", len(saved.files))
+	fs.log.Info("state restored", "nodes", len(t.byID), "handles", len(fs.handles), "open_files", len(saved.files))
 	return nil
 }
 

@@ -404,7 +404,7 @@ func (k *Keeper) refused(cred *unix.Ucred, err error) {
 	k.refusedPeers[peer] = true
 	k.mu.Unlock()
 	if !seen {
-		k.log.Warn("keeper: refused a connection from another user", "pid", cred.Pid, "uid", cred.Uid, "want uid", os.Geteuid())
+		k.log.Warn("keeper: refused a connection from another user", "pid", cred.Pid, "uid", cred.Uid, "want_uid", os.Geteuid())
 	}
 }
 

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/blobfs/blobfs/csi"
@@ -82,7 +79,7 @@ func runCSI(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := signalContext(f.cfg.Logger, "stopping the CSI driver: in-flight calls finish, dirty files are uploaded, mounts stay with the keeper if one runs")
 	defer stop()
 	return d.Run(ctx)
 }

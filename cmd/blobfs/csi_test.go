@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,7 +28,8 @@ func TestCSIServe(t *testing.T) {
 	sock := filepath.Join(dir, "csi.sock")
 	cmd := exec.Command(bin, "csi", "--mode=node", "--endpoint=unix://"+sock, "--node-id=node-7",
 		"--kubelet-dir="+filepath.Join(dir, "kubelet"), "--state-dir="+filepath.Join(dir, "state"), "--cache-dir="+filepath.Join(dir, "cache"))
-	cmd.Stderr = os.Stderr
+	var stderr lockedBuffer
+	cmd.Stderr = io.MultiWriter(os.Stderr, &stderr)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +79,28 @@ func TestCSIServe(t *testing.T) {
 	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket left behind: %v", err)
 	}
+	// The operator sees why it stopped.
+	if log := stderr.String(); !strings.Contains(log, `msg="signal received: stopping the CSI driver`) || !strings.Contains(log, "signal=terminated") {
+		t.Errorf("SIGTERM is not in the log:\n%s", log)
+	}
+}
+
+// lockedBuffer collects a child's output while it runs.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func TestCSIFlags(t *testing.T) {

@@ -1,13 +1,10 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/blobfs/blobfs/fusefs"
 )
@@ -34,7 +31,7 @@ func runKeeper(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := signalContext(logger, "the keeper stops; the mounts it holds die with it unless a driver or a newer keeper holds them")
 	defer stop()
 	return fusefs.NewKeeper(*socket, logger).Run(ctx)
 }

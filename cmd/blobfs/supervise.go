@@ -269,7 +269,7 @@ func (s *supervisor) run(ready func(error, string)) error {
 				ready(nil, r.desc)
 			} else {
 				s.log.Info("worker restarted; it adopted the mount", "pid", w.pid,
-					"mount unserved for", time.Since(down).Round(time.Millisecond))
+					"mount_unserved_for", time.Since(down).Round(time.Millisecond))
 			}
 			if stopping && !w.termSent {
 				s.terminate(w)
@@ -321,7 +321,7 @@ func (s *supervisor) run(ready func(error, string)) error {
 					"supervisor pid", os.Getpid())
 			default:
 				d := restartDelay(crashes)
-				s.log.Warn("restarting the worker", "crashes in a row", crashes, "after", d)
+				s.log.Warn("restarting the worker", "crashes_in_a_row", crashes, "after", d)
 				if d == 0 {
 					startNow()
 				} else {
@@ -345,7 +345,7 @@ func (s *supervisor) run(ready func(error, string)) error {
 			switch {
 			case sig == syscall.SIGHUP:
 				if w == nil {
-					s.log.Info("SIGHUP: starting a worker now", "was given up", gaveUp)
+					s.log.Info("SIGHUP: starting a worker now", "was_given_up", gaveUp)
 					crashes, gaveUp = 0, false
 					startNow()
 				}
