@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -168,6 +169,13 @@ func TestKubeletSequence(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	// The reads above fetched the file once (a miss) and answered the
+	// rest of it from the block cache (hits).
+	for _, counter := range []string{"blobfs_cache_hits_total", "blobfs_cache_misses_total"} {
+		if !regexp.MustCompile(`(?m)^` + counter + ` [1-9]`).Match(body) {
+			t.Errorf("%s is 0 after reads through the mount:\n%s", counter, grepLines(string(body), counter))
+		}
+	}
 
 	// Pods go away; the volume is unstaged.
 	for _, target := range targets {
@@ -201,4 +209,15 @@ func freeAddr(t testing.TB) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -41,13 +41,6 @@ type Metrics struct {
 	mountsFunc func() map[string]int // state -> count
 }
 
-// cacheStatser is implemented by a filesystem that counts block cache
-// hits and misses (requested of fusefs: func (*FS) CacheStats() (hits,
-// misses uint64)). Until it is, the cache metrics stay at zero.
-type cacheStatser interface {
-	CacheStats() (hits, misses uint64)
-}
-
 // NewMetrics makes the metrics and registers them, with the Go runtime and
 // process collectors, on a new registry.
 func NewMetrics() *Metrics {
@@ -128,11 +121,9 @@ func (m *Metrics) cacheStats() (hits, misses uint64) {
 	defer m.mu.Unlock()
 	hits, misses = m.cacheHits, m.cacheMiss
 	for fs := range m.cacheLive {
-		if cs, ok := any(fs).(cacheStatser); ok {
-			h, x := cs.CacheStats()
-			hits += h
-			misses += x
-		}
+		h, x := fs.CacheStats()
+		hits += h
+		misses += x
 	}
 	return hits, misses
 }
@@ -148,11 +139,9 @@ func (m *Metrics) trackFS(fs *fusefs.FS) {
 func (m *Metrics) untrackFS(fs *fusefs.FS) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if cs, ok := any(fs).(cacheStatser); ok {
-		h, x := cs.CacheStats()
-		m.cacheHits += h
-		m.cacheMiss += x
-	}
+	h, x := fs.CacheStats()
+	m.cacheHits += h
+	m.cacheMiss += x
 	delete(m.cacheLive, fs)
 }
 

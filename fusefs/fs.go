@@ -123,6 +123,10 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 // Options returns the options in effect, defaults filled in.
 func (fs *FS) Options() Options { return fs.opts }
 
+// CacheStats returns the block cache's hits and misses since the mount
+// began: reads answered from memory, and reads that had to fetch.
+func (fs *FS) CacheStats() (hits, misses uint64) { return fs.blocks.stats() }
+
 func (fs *FS) String() string { return "blobfs" }
 
 func (fs *FS) SetDebug(bool) {}
