@@ -49,6 +49,10 @@ type UploadOptions struct {
 	// number of block buffers in memory; 0 means
 	// DefaultUploadConcurrency.
 	Concurrency int
+	// Progress, if set, is told the size of each part once it is in the
+	// store (a staged block, or the whole blob of a single Put). It is
+	// called from several goroutines at once.
+	Progress func(bytes int64)
 }
 
 // Upload writes size bytes from r as blob name: one Put when size is at
@@ -78,7 +82,11 @@ func Upload(ctx context.Context, s Store, name string, r io.ReaderAt, size int64
 		if err := readFull(r, buf, 0); err != nil {
 			return Attrs{}, fmt.Errorf("blobstore: upload %q: read source: %w", name, err)
 		}
-		return s.Put(ctx, name, buf, opts.PutOptions)
+		a, err := s.Put(ctx, name, buf, opts.PutOptions)
+		if err == nil && opts.Progress != nil {
+			opts.Progress(size)
+		}
+		return a, err
 	}
 	// Azure allows at most MaxBlocks blocks per blob: grow the blocks
 	// (to a whole MiB) rather than fail.
@@ -120,7 +128,13 @@ func Upload(ctx context.Context, s Store, name string, r io.ReaderAt, size int64
 			if err := readFull(r, buf[:n], off); err != nil {
 				return fmt.Errorf("blobstore: upload %q: read source at %d: %w", name, off, err)
 			}
-			return s.StageBlock(gctx, name, ids[i], buf[:n])
+			if err := s.StageBlock(gctx, name, ids[i], buf[:n]); err != nil {
+				return err
+			}
+			if opts.Progress != nil {
+				opts.Progress(n)
+			}
+			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {

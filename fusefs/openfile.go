@@ -472,11 +472,15 @@ func (of *openFile) commit(ctx context.Context) error {
 
 // upload writes the whole spill file as the blob.
 func (of *openFile) upload(ctx context.Context, path string, f *os.File, size int64, opts blobstore.PutOptions) (blobstore.Attrs, error) {
-	return blobstore.Upload(ctx, of.fs.store, path, f, size, blobstore.UploadOptions{
+	p := of.fs.startProgress(path, size)
+	a, err := blobstore.Upload(ctx, of.fs.store, path, f, size, blobstore.UploadOptions{
 		BlockSize:   of.fs.opts.UploadBlockSize,
 		Concurrency: of.fs.opts.UploadConcurrency,
 		PutOptions:  opts,
+		Progress:    p.add,
 	})
+	p.finish(err)
+	return a, err
 }
 
 // close lets go of the spill file (back to the pool, emptied); the caller
