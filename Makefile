@@ -4,11 +4,20 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 BIN     := bin/blobfs
 DEMO_MNT ?= /tmp/blobfs
 
-.PHONY: build demo test test-short test-csi e2e image bench bench-restart lint clean
+.PHONY: build install demo test test-short test-csi e2e image bench bench-restart lint clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/blobfs
 	ln -sf blobfs bin/mount.blobfs
+
+# Install blobfs and its mount(8) helper: mount -t blobfs and /etc/fstab run
+# /sbin/mount.blobfs (mount(8) looks in /sbin), and
+# deploy/systemd/blobfs@.service runs /sbin/blobfs; cmd/blobfs/docs_test.go
+# checks that the unit and SBINDIR agree.
+SBINDIR ?= /sbin
+install: build
+	install -D -m 0755 $(BIN) $(DESTDIR)$(SBINDIR)/blobfs
+	ln -sf blobfs $(DESTDIR)$(SBINDIR)/mount.blobfs
 
 # Mount the embedded default store (a local directory) at $(DEMO_MNT).
 demo: build
@@ -17,7 +26,7 @@ demo: build
 
 # The whole suite: unit tests, real FUSE mounts against the in-memory,
 # local and (with BLOBFS_TEST_AZURITE set) Azurite backends, under -race.
-# .ci/azurite.sh starts Azurite; scripts/test.sh wraps both.
+# .ci/azurite.sh starts Azurite; .ci/test.sh wraps both.
 test:
 	./.ci/test.sh
 

@@ -20,7 +20,7 @@ import (
 
 // Metrics are the driver's Prometheus metrics, on a registry of its own
 // (no global state: tests run several drivers in one process). Names and
-// labels are listed in the README. Label values come from small fixed
+// labels are listed in docs/reference.md. Label values come from small fixed
 // sets (method names, operation names, errno names, result kinds), never
 // from volume ids or paths, so cardinality stays bounded.
 type Metrics struct {

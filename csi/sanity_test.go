@@ -14,7 +14,7 @@ import (
 // TestSanity runs the CSI conformance suite (csi-sanity, in-process)
 // against the real driver: real blobfs mounts served by this process,
 // containers in Azurite. Specs that do not apply are skipped by the suite
-// itself; the README lists them with the reason.
+// itself; docs/testing.md lists them with the reason.
 func TestSanity(t *testing.T) {
 	if c := flag.Lookup("test.count"); c != nil && c.Value.String() != "1" {
 		t.Skip("csi-sanity (Ginkgo) refuses go test -count > 1")

@@ -9,7 +9,8 @@ import (
 	"github.com/blobfs/blobfs/csi"
 )
 
-// csiFlags are the flags of `blobfs csi`; keep README's table in step.
+// csiFlags are the flags of `blobfs csi`; keep the table in
+// docs/reference.md in step (docs_test.go checks).
 type csiFlags struct {
 	cfg        csi.Config
 	mode       string

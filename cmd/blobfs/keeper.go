@@ -15,8 +15,7 @@ import (
 // the driver's container leaves it alive.
 func runKeeper(args []string) error {
 	fl := flag.NewFlagSet("keeper", flag.ContinueOnError)
-	socket := fl.String("socket", "", "unix socket to listen on, e.g. /var/lib/kubelet/plugins/blob.csi.blobfs.io/keeper.sock (required; the driver's --keeper-socket)")
-	logLevel := fl.String("log-level", "info", "debug, info, warn or error")
+	socket, logLevel := registerKeeperFlags(fl)
 	fl.Usage = func() {
 		fmt.Fprintln(fl.Output(), "usage: blobfs keeper --socket PATH   (holds the CSI driver's FUSE mounts across its restarts)")
 		fl.PrintDefaults()
@@ -34,4 +33,12 @@ func runKeeper(args []string) error {
 	ctx, stop := signalContext(logger, "the keeper stops; the mounts it holds die with it unless a driver or a newer keeper holds them")
 	defer stop()
 	return fusefs.NewKeeper(*socket, logger).Run(ctx)
+}
+
+// registerKeeperFlags declares the flags of `blobfs keeper`; keep the
+// table in docs/reference.md in step (docs_test.go checks).
+func registerKeeperFlags(fl *flag.FlagSet) (socket, logLevel *string) {
+	socket = fl.String("socket", "", "unix socket to listen on, e.g. /var/lib/kubelet/plugins/blob.csi.blobfs.io/keeper.sock (required; the driver's --keeper-socket)")
+	logLevel = fl.String("log-level", "info", "debug, info, warn or error")
+	return socket, logLevel
 }

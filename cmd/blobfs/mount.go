@@ -56,7 +56,8 @@ type mountConfig struct {
 }
 
 // registerMountFlags declares every mount flag; mount.blobfs -o options are
-// the same names. Keep README's reference table in step.
+// the same names. Keep the table in docs/reference.md in step
+// (docs_test.go checks).
 func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.StringVar(&c.localDir, "local-dir", "", "serve this local directory as the container (the default store when no Azure container is configured)")
 	fl.StringVar(&c.azure.Container, "container", c.azure.Container, "Azure container name (env AZURE_STORAGE_ACCOUNT_CONTAINER)")
