@@ -319,7 +319,7 @@ func (r *runner) smallSet(ctx context.Context) ([]byte, error) {
 		return all, err
 	}
 	for i := range r.cfg.SmallFiles {
-		if err := r.az.upload(ctx, smallName(smallSetDir, i), r.smallContent(all, i)); err != nil {
+		if err := r.az.uploadAsBlobfs(ctx, smallName(smallSetDir, i), r.smallContent(all, i)); err != nil {
 			return nil, err
 		}
 	}

@@ -67,11 +67,12 @@ func metaTrue(md map[string]string, key string) bool {
 // entryFromAttrs reads the storage layout: a blob is a directory marker, a
 // symlink or a regular file.
 func entryFromAttrs(a blobstore.Attrs) dirEntry {
-	e := dirEntry{kind: kindFile, size: a.Size, mtime: a.ModTime, etag: a.ETag, attrs: parsePOSIX(a.Metadata)}
+	m := readMeta(a.Metadata)
+	e := dirEntry{kind: kindFile, size: a.Size, mtime: a.ModTime, etag: a.ETag, attrs: m.posix}
 	switch {
-	case metaTrue(a.Metadata, blobstore.MetaIsFolder):
+	case m.isFolder:
 		e.kind, e.size = kindDir, 0
-	case metaTrue(a.Metadata, blobstore.MetaIsSymlink):
+	case m.isSymlink:
 		e.kind = kindSymlink
 	case e.attrs.special != 0:
 		e.kind, e.size = kindSpecial, 0
@@ -79,8 +80,8 @@ func entryFromAttrs(a blobstore.Attrs) dirEntry {
 	if e.kind != kindSpecial {
 		e.attrs.special = 0
 	}
-	if t, ok := metaMtime(a.Metadata); ok {
-		e.mtime = t
+	if !m.mtime.IsZero() {
+		e.mtime = m.mtime
 	}
 	return e
 }
