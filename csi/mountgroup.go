@@ -127,6 +127,12 @@ func (d *Driver) regroup(ctx context.Context, rec VolumeRecord, smp *MountPoint,
 			"volume %q is mounted on this node for fsGroup %s, used by another pod (%s); this pod's fsGroup %s cannot be applied to the same mount: give the pods that share a volume on a node the same fsGroup (this pod starts once the others are gone)",
 			rec.VolumeID, mine, clip(users[0], 200), group)
 	}
+	if _, err := d.credsFor(ctx, rec); err != nil {
+		// Its credentials came with a NodeStageVolume before a restart:
+		// unmounting would lose a working mount for good.
+		d.log.Warn("staged volume cannot be mounted again for another group: kept as it is", "volume", rec.VolumeID, "group", rec.MountGroup, "asked", group, "err", msgOf(err))
+		return rec, nil
+	}
 	d.log.Info("staged volume is mounted again for another group", "volume", rec.VolumeID, "group", rec.MountGroup, "new", group)
 	if err := d.mounter.UnmountVolume(ctx, smp); err != nil {
 		return rec, storeError("unmount "+rec.StagingPath+" to mount it for group "+group, err)
