@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"os/exec"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -20,13 +19,20 @@ import (
 // second pod, 1001:4000 with the same fsGroup, reads the file, runs the
 // script and writes in the group's directory, which it can only do as a
 // member of group 2000. The files' group is 2000 in the pods' mounts, in
-// the node's staged mount, and in the blobs' metadata.
+// the node's staged mount, and in the blobs' metadata; a blob another tool
+// wrote shows group 2000 and was not touched (kubelet did not chown it). A
+// third pod with fsGroup 3000 waits while the second uses the volume on
+// this node, and starts, with the volume mounted for group 3000, once the
+// others are gone.
 func TestFSGroup(t *testing.T) {
 	ctx := testContext(t)
 	c := theCluster
 	const claim = "fsgroup"
 	pvName, container := newClaim(t, ctx, claim, classDelete)
 	handle := volumeHandle(t, pvName)
+	if err := c.putBlob(ctx, container, "legacy.txt", []byte("written by another tool\n")); err != nil {
+		t.Fatal(err)
+	}
 
 	withIDs := func(p *corev1.Pod, uid, gid int64) *corev1.Pod {
 		fsGroup := int64(2000)
@@ -43,7 +49,7 @@ mkdir /data/team
 chmod 2770 /data/team
 echo "for the group" > /data/team/notes.txt
 chmod 0660 /data/team/notes.txt
-stat -c 'STAT %n %u %g %a' /data/shared.txt /data/run.sh /data/team /data/team/notes.txt`, pvcVolume("data", claim, false)), 1000, 3000)
+stat -c 'STAT %n %u %g %a' /data/shared.txt /data/run.sh /data/team /data/team/notes.txt /data/legacy.txt`, pvcVolume("data", claim, false)), 1000, 3000)
 	runPod(t, ctx, writer)
 	if err := c.waitPodPhase(ctx, writer.Name, corev1.PodSucceeded, 180*time.Second); err != nil {
 		t.Fatal(err)
@@ -57,6 +63,7 @@ stat -c 'STAT %n %u %g %a' /data/shared.txt /data/run.sh /data/team /data/team/n
 		"STAT /data/run.sh 1000 2000 755",
 		"STAT /data/team 1000 2000 2770",
 		"STAT /data/team/notes.txt 1000 2000 660",
+		"STAT /data/legacy.txt 0 2000 666", // no attributes: the mount's defaults
 	} {
 		if !strings.Contains(wlog, want) {
 			t.Errorf("the writer's log lacks %q", want)
@@ -112,14 +119,61 @@ sleep 3600`, pvcVolume("data", claim, false)), 1001, 4000)
 			t.Errorf("blob %s: metadata %v, %v; want blobfs_gid 2000", name, md, err)
 		}
 	}
-	if md, _ := c.blobMetadata(ctx, container, "run.sh"); !regexp.MustCompile(`^100755$`).MatchString(md["blobfs_mode"]) {
+	if md, _ := c.blobMetadata(ctx, container, "run.sh"); md["blobfs_mode"] != "100755" {
 		t.Errorf("blob run.sh: blobfs_mode %q, want 100755", md["blobfs_mode"])
 	}
+	// Had kubelet applied the fsGroup itself (a driver without
+	// VOLUME_MOUNT_GROUP), it would have chowned this blob: one Set Blob
+	// Metadata per blob.
+	if md, err := c.blobMetadata(ctx, container, "legacy.txt"); err != nil || md["blobfs_gid"] != "" || md["blobfs_mode"] != "" {
+		t.Errorf("blob legacy.txt: metadata %v, %v; want it untouched", md, err)
+	}
 
+	// Another fsGroup on the same node while the reader uses the volume:
+	// it waits, told why.
+	other := c.podWith("fsgroup-other", `set -e
+echo "ROOT $(stat -c '%g %a' /data)"
+echo x > /data/other.txt
+stat -c 'STAT %n %u %g' /data/other.txt /data/shared.txt /data/legacy.txt`, pvcVolume("data", claim, false))
+	uid, gid := int64(1002), int64(3000)
+	other.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: &uid, RunAsGroup: &gid, FSGroup: &gid}
+	runPod(t, ctx, other)
+	var events string
+	if err := waitUntil(ctx, "the third pod is told why it waits", 120*time.Second, func() (bool, error) {
+		events, _ = c.kubectl("get", "events", "-n", "default", "--field-selector", "involvedObject.name="+other.Name, "-o", "jsonpath={.items[*].message}")
+		return strings.Contains(events, "fsGroup 2000") && strings.Contains(events, "fsGroup 3000"), nil
+	}); err != nil {
+		t.Fatalf("%v; its events: %s", err, events)
+	}
+	if p, err := c.pod(other.Name); err != nil {
+		t.Fatal(err)
+	} else if p.Status.Phase != corev1.PodPending {
+		t.Fatalf("the pod with another fsGroup is %s; want it Pending while the reader uses the volume", p.Status.Phase)
+	}
+	t.Logf("the third pod waits: %s", lastLines(events, 1))
 	for _, p := range []string{writer.Name, reader.Name} {
 		if err := c.deletePod(ctx, p); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// kubelet keeps the volume staged for the waiting pod and retries.
+	if err := c.waitPodPhase(ctx, other.Name, corev1.PodSucceeded, 240*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	olog := podLog(t, other.Name)
+	t.Logf("third pod:\n%s", olog)
+	for _, want := range []string{
+		"ROOT 3000 2777",
+		"STAT /data/other.txt 1002 3000",
+		"STAT /data/shared.txt 1000 2000", // stored: kept
+		"STAT /data/legacy.txt 0 3000",    // none stored: the mount's group
+	} {
+		if !strings.Contains(olog, want) {
+			t.Errorf("the third pod's log lacks %q", want)
+		}
+	}
+	if err := c.deletePod(ctx, other.Name); err != nil {
+		t.Fatal(err)
 	}
 	waitNoMounts(t, ctx, pvName, handle)
 	deleteClaim(t, ctx, claim, pvName)
