@@ -227,6 +227,23 @@ func TestVolumeMountGroup(t *testing.T) {
 	if _, err := d.node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: handle, StagingTargetPath: staging}); err != nil {
 		t.Fatalf("NodeUnstageVolume: %v", err)
 	}
+
+	// An inline volume is its pod's own mount: its group applies.
+	inline := target("pod-inline")
+	if _, err := d.node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{
+		VolumeId: "inline-fsgroup", TargetPath: inline, VolumeCapability: groupCap(rwx, "2500"), Secrets: az.secrets(),
+		VolumeContext: map[string]string{keyEphemeral: "true", keyPodNamespace: "team-a", "containerName": id.Container,
+			"storageAccount": az.account, "server": az.endpoint},
+	}); err != nil {
+		t.Fatalf("NodePublishVolume inline: %v", err)
+	}
+	wantGroupRoot(inline, 2500)
+	if st := statOf(t, filepath.Join(inline, "legacy.txt")); st.Gid != 2500 {
+		t.Errorf("inline volume: blob without attributes shows gid %d, want 2500", st.Gid)
+	}
+	if _, err := d.node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: "inline-fsgroup", TargetPath: inline}); err != nil {
+		t.Fatalf("NodeUnpublishVolume inline: %v", err)
+	}
 }
 
 // TestMountGroupOptions: the group goes into the mount's options unless the

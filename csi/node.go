@@ -810,7 +810,7 @@ func (d *Driver) remount(ctx context.Context, rec VolumeRecord, field, path stri
 		return err
 	}
 	d.markHealthy(rec.VolumeID)
-	d.log.Info("volume mounted again after its mount was lost", "volume", rec.VolumeID, "path", path)
+	d.log.Info("volume mounted again", "volume", rec.VolumeID, "path", path, "was", st.State, "group", rec.MountGroup)
 	return nil
 }
 
