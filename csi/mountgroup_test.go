@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -269,6 +270,94 @@ func TestMountGroupOptions(t *testing.T) {
 		withMountGroup(&o, "2000")
 		if o.GID != c.gid || o.RootMode != c.rootMode {
 			t.Errorf("options %v with group 2000: gid %d root mode %#o; want %d, %#o", c.opts, o.GID, o.RootMode, c.gid, c.rootMode)
+		}
+	}
+}
+
+// TestMountGroupRepairFake: the group is part of the volume's record, so a
+// staged mount that died is mounted again for the same group; and a mount
+// whose credentials came with the request and are gone (a driver restart)
+// keeps its group rather than being unmounted for another.
+func TestMountGroupRepairFake(t *testing.T) {
+	fc := newFakeContainers()
+	fm := newFakeMounter()
+	fm.containers = fc
+	secrets := fakeSecrets{"team-a/creds": {secretAccountName: blobstore.AzuriteAccount, secretAccountKey: blobstore.AzuriteAccountKey}}
+	d := startDriver(t, driverOptions{mounter: fm, containers: fc, secrets: secrets})
+	ctx := context.Background()
+	for _, viaSecret := range []bool{true, false} {
+		params := map[string]string{"storageAccount": blobstore.AzuriteAccount}
+		var reqSecrets map[string]string
+		if viaSecret {
+			params["secretName"], params["secretNamespace"] = "creds", "team-a"
+		} else {
+			reqSecrets = secrets["team-a/creds"]
+		}
+		name := fmt.Sprintf("pvc-secret-%v", viaSecret)
+		vol, err := d.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: name, Parameters: params, Secrets: reqSecrets, VolumeCapabilities: []*csipb.VolumeCapability{mountCap(rwx)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, vctx := vol.GetVolume().GetVolumeId(), vol.GetVolume().GetVolumeContext()
+		staging := filepath.Join(d.kubelet, "plugins/kubernetes.io/csi/x", name, "globalmount")
+		targetA := filepath.Join(d.kubelet, "pods/a", name, "mount")
+		targetB := filepath.Join(d.kubelet, "pods/b", name, "mount")
+		for _, p := range []string{staging, filepath.Dir(targetA), filepath.Dir(targetB)} {
+			os.MkdirAll(p, 0o750)
+		}
+		wantSpec := func(when string, gid, rootMode uint32) {
+			t.Helper()
+			fm.mu.Lock()
+			o := fm.specs[staging].FS
+			fm.mu.Unlock()
+			if o.GID != gid || o.RootMode != rootMode {
+				t.Errorf("%s (secret %v): mounted with gid %d root mode %#o; want %d, %#o", when, viaSecret, o.GID, o.RootMode, gid, rootMode)
+			}
+		}
+		if _, err := d.node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+			VolumeCapability: groupCap(rwx, "2000"), VolumeContext: vctx, Secrets: reqSecrets}); err != nil {
+			t.Fatal(err)
+		}
+		wantSpec("staged", 2000, 0o2777)
+		if _, err := d.node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: targetA,
+			VolumeCapability: groupCap(rwx, "2000"), VolumeContext: vctx}); err != nil {
+			t.Fatal(err)
+		}
+		if viaSecret {
+			// The staged mount dies; the health check mounts it again.
+			fm.mu.Lock()
+			fm.dead[staging], fm.dead[targetA] = true, true
+			fm.mu.Unlock()
+			d.forget(id)
+			d.checkMounts(ctx)
+			wantSpec("mounted again after it died", 2000, 0o2777)
+		}
+		if _, err := d.node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: targetA}); err != nil {
+			t.Fatal(err)
+		}
+		d.forget(id) // a restart: request credentials are gone
+		_, err = d.node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: targetB,
+			VolumeCapability: groupCap(rwx, "3000"), VolumeContext: vctx})
+		if err != nil {
+			t.Fatalf("publish for another group, no pod on the mount (secret %v): %v", viaSecret, err)
+		}
+		rec, _ := d.state.Get(id)
+		if viaSecret {
+			wantSpec("mounted again for another group", 3000, 0o2777)
+			if rec.MountGroup != "3000" {
+				t.Errorf("record's group %q, want 3000", rec.MountGroup)
+			}
+		} else {
+			wantSpec("kept: its credentials are gone", 2000, 0o2777)
+			if rec.MountGroup != "2000" {
+				t.Errorf("record's group %q, want 2000 (the mount's)", rec.MountGroup)
+			}
+		}
+		if _, err := d.node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: targetB}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
