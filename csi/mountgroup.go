@@ -35,7 +35,9 @@ import (
 //     mounts the staging path again for that group (regroup): after the
 //     pods of one fsGroup are gone, kubelet keeps a volume staged for the
 //     next pod if that pod was already waiting, so the group must be able
-//     to change without an unstage;
+//     to change without an unstage (a mount that could not be made again,
+//     its credentials having come with a NodeStageVolume before a driver
+//     restart, keeps its group: logged);
 //   - while a pod uses it, a pod with another fsGroup is refused
 //     (FailedPrecondition, naming both groups; kubelet retries, and the pod
 //     starts once the other pods are gone). Publishing it anyway would
