@@ -179,6 +179,8 @@ func TestBadInput(t *testing.T) {
 				{"NodeStageVolume/no access mode", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = noMode }), codes.InvalidArgument, "access_mode"},
 				{"NodeStageVolume/malformed id", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeId = "pvc-123" }), codes.InvalidArgument, "volume_id"},
 				{"NodeStageVolume/unknown mount option", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = mountCap(rwx, "file-cache-timeout=120") }), codes.InvalidArgument, "file-cache-timeout"},
+				{"NodeStageVolume/mount group not a number", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = groupCap(rwx, "staff") }), codes.InvalidArgument, "volume_mount_group"},
+				{"NodeStageVolume/mount group -1", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = groupCap(rwx, "-1") }), codes.InvalidArgument, "volume_mount_group"},
 				{"NodeStageVolume/bad mount option value", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = mountCap(rwx, "block-cache-mb=lots") }), codes.InvalidArgument, "block-cache-mb"},
 				{"NodeStageVolume/unknown context key", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeContext = map[string]string{"containerNmae": "x"} }), codes.InvalidArgument, "containerNmae"},
 				{"NodeStageVolume/unknown secret key", stage(func(r *csipb.NodeStageVolumeRequest) { r.Secrets = with(az.secrets(), "azurestorageaccountkey2", "x") }), codes.InvalidArgument, "azurestorageaccountkey2"},
@@ -196,6 +198,7 @@ func TestBadInput(t *testing.T) {
 				{"NodePublishVolume/no capability", publish(func(r *csipb.NodePublishVolumeRequest) { r.VolumeCapability = nil }), codes.InvalidArgument, "volume_capability"},
 				{"NodePublishVolume/no staging path", publish(func(r *csipb.NodePublishVolumeRequest) { r.StagingTargetPath = "" }), codes.InvalidArgument, "staging_target_path"},
 				{"NodePublishVolume/staging outside kubelet", publish(func(r *csipb.NodePublishVolumeRequest) { r.StagingTargetPath = outside }), codes.InvalidArgument, "kubelet directory"},
+				{"NodePublishVolume/mount group too large", publish(func(r *csipb.NodePublishVolumeRequest) { r.VolumeCapability = groupCap(rwx, "4294967295") }), codes.InvalidArgument, "volume_mount_group"},
 				{"NodePublishVolume/not staged", publish(func(*csipb.NodePublishVolumeRequest) {}), codes.FailedPrecondition, "not staged"},
 				{"NodePublishVolume/inline without container", publish(func(r *csipb.NodePublishVolumeRequest) {
 					r.VolumeId, r.StagingTargetPath, r.Secrets = "csi-0123", "", az.secrets()

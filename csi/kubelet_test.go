@@ -52,7 +52,8 @@ func TestKubeletSequence(t *testing.T) {
 		want[c.GetRpc().GetType()] = true
 	}
 	for _, c := range []csipb.NodeServiceCapability_RPC_Type{csipb.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
-		csipb.NodeServiceCapability_RPC_GET_VOLUME_STATS, csipb.NodeServiceCapability_RPC_VOLUME_CONDITION} {
+		csipb.NodeServiceCapability_RPC_GET_VOLUME_STATS, csipb.NodeServiceCapability_RPC_VOLUME_CONDITION,
+		csipb.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP} {
 		if !want[c] {
 			t.Errorf("NodeGetCapabilities lacks %v", c)
 		}

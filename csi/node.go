@@ -39,6 +39,9 @@ func (d *Driver) NodeGetCapabilities(ctx context.Context, req *csipb.NodeGetCapa
 		csipb.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
 		csipb.NodeServiceCapability_RPC_GET_VOLUME_STATS,
 		csipb.NodeServiceCapability_RPC_VOLUME_CONDITION,
+		// kubelet then passes a pod's fsGroup as volume_mount_group
+		// (mountgroup.go) instead of chowning every file itself.
+		csipb.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP,
 	} {
 		caps = append(caps, &csipb.NodeServiceCapability{Type: &csipb.NodeServiceCapability_Rpc{
 			Rpc: &csipb.NodeServiceCapability_RPC{Type: t},
@@ -57,6 +60,9 @@ type nodeVolume struct {
 	cfg      blobstore.AzureConfig
 	settings mountSettings
 	readOnly bool
+	// mountGroup is the pod's fsGroup (volume_mount_group), decimal;
+	// empty: none, or ignored because the mount options set the owner.
+	mountGroup string
 }
 
 // resolveVolume validates what a stage or an ephemeral publish needs and
@@ -80,6 +86,13 @@ func (d *Driver) resolveVolume(ctx context.Context, volID string, volCtx, secret
 		return v, invalid("%v", err)
 	}
 	v.readOnly = readOnly || ro || v.settings.FS.ReadOnly
+	if v.mountGroup, err = mountGroupOf("volume_capability", c); err != nil {
+		return v, err
+	}
+	if v.mountGroup != "" && v.settings.FS.ForceOwner {
+		d.log.Info("volume_mount_group (the pod's fsGroup) is not applied: the volume's mount options set the owner", "volume", volID, "group", v.mountGroup)
+		v.mountGroup = ""
+	}
 	podNS := ""
 	if p.Ephemeral {
 		podNS = p.PodNamespace
@@ -122,8 +135,9 @@ func (d *Driver) cacheDirFor(volumeID string) string {
 	return filepath.Join(d.cfg.CacheDir, hex.EncodeToString(sum[:12]))
 }
 
-func (d *Driver) mountSpec(volumeID string, cfg blobstore.AzureConfig, s mountSettings, readOnly bool) MountSpec {
+func (d *Driver) mountSpec(volumeID string, cfg blobstore.AzureConfig, s mountSettings, readOnly bool, group string) MountSpec {
 	spec := MountSpec{VolumeID: volumeID, Azure: cfg, FS: s.FS, Mount: s.Mount, Retry: s.Retry}
+	withMountGroup(&spec.FS, group)
 	spec.FS.CacheDir = d.cacheDirFor(volumeID)
 	spec.FS.StoreID = volumeID
 	spec.FS.ReadOnly = readOnly
@@ -142,6 +156,7 @@ func (v nodeVolume) record() VolumeRecord {
 		IdentityClientID: v.cfg.ClientID,
 		ReadOnly:         v.readOnly,
 		MountOptions:     v.settings.Options,
+		MountGroup:       v.mountGroup,
 	}
 }
 
@@ -182,7 +197,22 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolume
 		return nil, err
 	}
 	defer mp.Close()
-	switch st := d.mounter.Status(ctx, mp); st.State {
+	st := d.mounter.Status(ctx, mp)
+	if old, ok := d.state.Get(v.volumeID); ok && st.State == PathMounted && v.mountGroup != "" && v.mountGroup != old.MountGroup {
+		// Staged for another fsGroup (mountgroup.go): mounted again
+		// for this one if no pod uses it; else it keeps its group and
+		// NodePublishVolume refuses the pod.
+		if users := d.otherTargets(ctx, old, ""); len(users) > 0 {
+			d.log.Info("staged volume keeps its group while pods use it", "volume", v.volumeID, "group", old.MountGroup, "asked", v.mountGroup, "targets", len(users))
+		} else {
+			d.log.Info("staged volume is mounted again for another group", "volume", v.volumeID, "group", old.MountGroup, "new", v.mountGroup)
+			if err := d.mounter.UnmountVolume(ctx, mp); err != nil {
+				return nil, storeError("unmount "+staging+" to mount it for group "+v.mountGroup, err)
+			}
+			st = PathStatus{State: PathNotMounted}
+		}
+	}
+	switch st.State {
 	case PathMounted:
 		// Already staged (a retry, or a record lost): the path names the
 		// volume (kubelet puts the hash of the volume id in it).
@@ -200,7 +230,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolume
 		if err := mp.mkdir(); err != nil {
 			return nil, pathError(err)
 		}
-		if err := d.mounter.MountVolume(ctx, mp, d.mountSpec(v.volumeID, v.cfg, v.settings, v.readOnly)); err != nil {
+		if err := d.mounter.MountVolume(ctx, mp, d.mountSpec(v.volumeID, v.cfg, v.settings, v.readOnly, v.mountGroup)); err != nil {
 			return nil, storeError(fmt.Sprintf("mount container %q at %s", v.id.Container, staging), err)
 		}
 	}
@@ -212,7 +242,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolume
 	if err := d.recordMounted(ctx, v, rec, mp); err != nil {
 		return nil, err
 	}
-	d.log.Info("volume staged", "volume", v.volumeID, "container", v.id.Container, "path", staging, "readOnly", v.readOnly)
+	d.log.Info("volume staged", "volume", v.volumeID, "container", v.id.Container, "path", staging, "readOnly", v.readOnly, "group", rec.MountGroup)
 	return &csipb.NodeStageVolumeResponse{}, nil
 }
 
@@ -303,6 +333,10 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		return nil, err
 	}
 	ro = ro || req.GetReadonly()
+	group, err := mountGroupOf("volume_capability", req.GetVolumeCapability())
+	if err != nil {
+		return nil, err
+	}
 	p, err := parseParams(req.GetVolumeContext(), "volume_context")
 	if err != nil {
 		return nil, invalid("%v", err)
@@ -375,6 +409,11 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 				return nil, pathError(err)
 			}
 			defer smp.Close()
+		}
+	}
+	if group != "" && group != rec.MountGroup {
+		if rec, err = d.regroup(ctx, rec, smp, target, group); err != nil {
+			return nil, err
 		}
 	}
 	switch st := d.mounter.Status(ctx, tmp); st.State {
@@ -455,7 +494,7 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csipb.NodePublishVol
 	if err := mp.mkdir(); err != nil {
 		return nil, pathError(err)
 	}
-	if err := d.mounter.MountVolume(ctx, mp, d.mountSpec(v.volumeID, v.cfg, v.settings, v.readOnly)); err != nil {
+	if err := d.mounter.MountVolume(ctx, mp, d.mountSpec(v.volumeID, v.cfg, v.settings, v.readOnly, v.mountGroup)); err != nil {
 		mp.remove()
 		return nil, storeError(fmt.Sprintf("mount container %q at %s", v.id.Container, target), err)
 	}
@@ -765,13 +804,13 @@ func (d *Driver) remount(ctx context.Context, rec VolumeRecord, field, path stri
 	if err := mp.mkdir(); err != nil {
 		return pathError(err)
 	}
-	if err := d.mounter.MountVolume(ctx, mp, d.mountSpec(rec.VolumeID, cfg, settings, rec.ReadOnly)); err != nil {
+	if err := d.mounter.MountVolume(ctx, mp, d.mountSpec(rec.VolumeID, cfg, settings, rec.ReadOnly, rec.MountGroup)); err != nil {
 		err = storeError(fmt.Sprintf("mount container %q again at %s", rec.Container, path), err)
 		d.markUnhealthy(rec.VolumeID, status.Convert(err).Message())
 		return err
 	}
 	d.markHealthy(rec.VolumeID)
-	d.log.Info("volume mounted again after its mount was lost", "volume", rec.VolumeID, "path", path)
+	d.log.Info("volume mounted again", "volume", rec.VolumeID, "path", path, "was", st.State, "group", rec.MountGroup)
 	return nil
 }
 

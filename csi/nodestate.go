@@ -53,6 +53,9 @@ type VolumeRecord struct {
 	ReadOnly         bool   `json:"readOnly,omitempty"`
 	// MountOptions are the allow-listed options in canonical form.
 	MountOptions []string `json:"mountOptions,omitempty"`
+	// MountGroup is the group the mount was made for: a pod's fsGroup
+	// (volume_mount_group), decimal; empty: none (mountgroup.go).
+	MountGroup string `json:"mountGroup,omitempty"`
 	// Targets are the published target paths.
 	Targets map[string]TargetRecord `json:"targets,omitempty"`
 	Updated time.Time               `json:"updated"`

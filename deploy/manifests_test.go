@@ -158,6 +158,12 @@ func TestManifestsFitTogether(t *testing.T) {
 				if !modes[storagev1.VolumeLifecyclePersistent] || !modes[storagev1.VolumeLifecycleEphemeral] {
 					t.Errorf("CSIDriver lifecycle modes %v", o.Spec.VolumeLifecycleModes)
 				}
+				// Volumes honour a pod's fsGroup: the node plugin applies
+				// it (VOLUME_MOUNT_GROUP, whatever the policy); File is
+				// kubelet's own chown should a node plugin lack that.
+				if p := o.Spec.FSGroupPolicy; p == nil || *p != storagev1.FileFSGroupPolicy {
+					t.Errorf("CSIDriver %s: fsGroupPolicy %v, want File", o.Name, p)
+				}
 			case *storagev1.StorageClass:
 				if o.Provisioner != driverName {
 					t.Errorf("StorageClass %s: provisioner %q", o.Name, o.Provisioner)

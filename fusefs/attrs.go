@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
+
 	"github.com/blobfs/blobfs/blobstore"
 )
 
@@ -25,7 +27,10 @@ import (
 // A blob without the keys shows the mount's defaults (Options.UID, GID,
 // Umask), so containers written by other tools (blobfuse2's layout) keep
 // working. Options.ForceOwner and ForcePerm make the defaults win over
-// what is stored, for a mount that wants one owner for everything.
+// what is stored, for a mount that wants one owner for everything. The
+// root directory is the container and has no blob: it shows the defaults,
+// with Options.RootMode as its mode when set, and a chmod or chown of it
+// lasts for the mount's life only.
 //
 // Times:
 //   - mtime: blobfs_mtime when set explicitly (utimensat), else rclone's
@@ -264,6 +269,9 @@ func (fs *FS) attrOf(n *node) shownAttrs {
 		if fs.opts.FileMode != 0 {
 			s.perm = fs.opts.FileMode
 		}
+	}
+	if n.id == fuse.FUSE_ROOT_ID && fs.opts.RootMode != 0 {
+		s.perm = fs.opts.RootMode
 	}
 	p := n.attrs
 	if p.hasPerm && !fs.opts.ForcePerm && n.kind != kindSymlink {

@@ -415,5 +415,32 @@ func BenchmarkEntryFromAttrs(b *testing.B) {
 				_ = entryFromAttrs(a)
 			}
 		})
+
+// TestRootMode: the root directory (the container, which has no blob) shows
+// Options.RootMode; with the set-group-ID bit there, entries made in it
+// take the mount's group whoever makes them, and directories pass the bit
+// on: what the CSI driver relies on for a pod's fsGroup.
+func TestRootMode(t *testing.T) {
+	old := syscall.Umask(0o022)
+	defer syscall.Umask(old)
+	s := storetest.Memory(t)
+	putBlob(t, s, "plain.txt", []byte("x"), nil)
+	mnt, _ := mountStore(t, s, Options{GID: 2000, RootMode: 0o2777})
+	wantMode(t, mnt, syscall.S_IFDIR|syscall.S_ISGID|0o777)
+	wantOwner(t, mnt, 0, 2000)
+	wantOwner(t, join(mnt, "plain.txt"), 0, 2000)
+	mustWrite(t, join(mnt, "new.txt"), []byte("x"))
+	wantOwner(t, join(mnt, "new.txt"), uint32(os.Geteuid()), 2000)
+	if err := os.Mkdir(join(mnt, "d"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	wantMode(t, join(mnt, "d"), syscall.S_IFDIR|syscall.S_ISGID|0o750)
+	wantOwner(t, join(mnt, "d"), uint32(os.Geteuid()), 2000)
+
+	// Without it, the root is a directory like any other.
+	plain, _ := mountStore(t, s, Options{GID: 22, Umask: 0o022})
+	wantMode(t, plain, syscall.S_IFDIR|0o755)
+	if _, err := New(s, Options{RootMode: 0o10000}); err == nil {
+		t.Error("New accepted a root mode beyond 07777")
 	}
 }

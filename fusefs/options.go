@@ -29,6 +29,13 @@ type Options struct {
 	// that store none (0: 0666 and 0777 minus Umask); with ForcePerm, of
 	// every one.
 	FileMode, DirMode uint32
+	// RootMode is the permission bits (07777) of the root directory, the
+	// container itself, which has no blob to store them in: a chmod of
+	// the root lasts for the mount's life only. 0: DirMode like any
+	// directory. The CSI driver sets it, with GID, to give a pod's
+	// fsGroup the root with the set-group-ID bit, so that new entries
+	// inherit the group (newAttrsLocked).
+	RootMode uint32
 	// NoAttrWrites never writes POSIX attributes to the store: what blobs
 	// carry is still shown, chmod, chown and utimensat are refused
 	// (EPERM), and new files get the mount's defaults.
@@ -169,8 +176,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Umask&^0o777 != 0 {
 		return o, errors.New("umask must be within 0777")
 	}
-	if o.FileMode&^0o7777 != 0 || o.DirMode&^0o7777 != 0 {
-		return o, errors.New("file and directory modes must be within 07777")
+	if o.FileMode&^0o7777 != 0 || o.DirMode&^0o7777 != 0 || o.RootMode&^0o7777 != 0 {
+		return o, errors.New("file, directory and root modes must be within 07777")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -227,3 +227,23 @@ func (c *cluster) deleteContainer(ctx context.Context, name string) {
 		cl.DeleteContainer(ctx, name, nil)
 	}
 }
+
+// blobMetadata returns a blob's metadata with lower-case keys (the service
+// may report them capitalised).
+func (c *cluster) blobMetadata(ctx context.Context, container, name string) (map[string]string, error) {
+	cl, err := c.blobClient()
+	if err != nil {
+		return nil, err
+	}
+	props, err := cl.ServiceClient().NewContainerClient(container).NewBlobClient(name).GetProperties(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	md := map[string]string{}
+	for k, v := range props.Metadata {
+		if v != nil {
+			md[strings.ToLower(k)] = *v
+		}
+	}
+	return md, nil
+}
