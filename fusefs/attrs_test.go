@@ -415,6 +415,8 @@ func BenchmarkEntryFromAttrs(b *testing.B) {
 				_ = entryFromAttrs(a)
 			}
 		})
+	}
+}
 
 // TestRootMode: the root directory (the container, which has no blob) shows
 // Options.RootMode; with the set-group-ID bit there, entries made in it
