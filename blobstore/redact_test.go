@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/blobstore/storetest"
 )
 
 func TestRedact(t *testing.T) {
@@ -137,29 +138,10 @@ func TestAzureErrorsCarryNoSecret(t *testing.T) {
 		l.Close()
 		return "http://" + addr + "/" + account
 	}()
-	hung, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { hung.Close() })
-	go func() {
-		var held []net.Conn
-		defer func() {
-			for _, c := range held {
-				c.Close()
-			}
-		}()
-		for {
-			c, err := hung.Accept()
-			if err != nil {
-				return
-			}
-			held = append(held, c)
-		}
-	}()
+	hung := storetest.HungAddr(t)
 	endpoints := map[string]string{
 		"refused": refused,
-		"hung":    "http://" + hung.Addr().String() + "/" + account,
+		"hung":    "http://" + hung + "/" + account,
 	}
 	for _, s := range []struct {
 		name   string

@@ -19,6 +19,8 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/status"
+
+	"github.com/blobfs/blobfs/blobstore/storetest"
 )
 
 // lockedBuffer is a log sink shared by the driver's goroutines.
@@ -81,26 +83,7 @@ func TestNoSecretInCSIOutput(t *testing.T) {
 		defer l.Close()
 		return "http://" + l.Addr().String() + "/" + account
 	}()
-	hung, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { hung.Close() })
-	go func() {
-		var held []net.Conn
-		defer func() {
-			for _, c := range held {
-				c.Close()
-			}
-		}()
-		for {
-			c, err := hung.Accept()
-			if err != nil {
-				return
-			}
-			held = append(held, c)
-		}
-	}()
+	hung := storetest.HungAddr(t)
 	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-ms-error-code", "AuthenticationFailed")
 		w.WriteHeader(http.StatusForbidden)
@@ -118,7 +101,7 @@ func TestNoSecretInCSIOutput(t *testing.T) {
 	}
 	for _, ep := range []struct{ name, url string }{
 		{"refused", refused},
-		{"hung", "http://" + hung.Addr().String() + "/" + account},
+		{"hung", "http://" + hung + "/" + account},
 		{"403", echo.URL + "/" + account},
 	} {
 		for _, cred := range []struct {

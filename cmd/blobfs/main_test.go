@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -205,7 +204,7 @@ func TestPreMountValidation(t *testing.T) {
 	bin := blobfsBin(t)
 	sig := "CANARYmountSig4c8e1a7d3b9f"
 	sas := "AZURE_STORAGE_SAS_TOKEN=?sv=2022-11-02&ss=b&srt=sco&sp=rwdl&se=2099-01-01T00:00:00Z&sig=" + sig
-	hung := hungEndpoint(t)
+	hung := "http://" + storetest.HungAddr(t) + "/devstoreaccount1"
 	type testCase struct {
 		name  string
 		args  []string
@@ -297,35 +296,6 @@ func TestPreMountValidation(t *testing.T) {
 			fmt.Fprintln(os.Stderr) // keep -v output readable
 		})
 	}
-}
-
-// hungEndpoint is a blob endpoint that accepts connections and never
-// answers.
-func hungEndpoint(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			conns = append(conns, c)
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		<-done
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return "http://" + l.Addr().String() + "/devstoreaccount1"
 }
 
 // processesWith lists the pids of processes whose command line names path.
