@@ -106,7 +106,13 @@ func TestRegistrar(t *testing.T) {
 	if !r.Registered() {
 		t.Error("Registered() is false after kubelet said registered")
 	}
-	first, _ := os.Stat(regSock)
+	// A hard link keeps the first socket's inode alive, so that a new socket
+	// cannot be given the same inode number and look like the old one.
+	firstLink := filepath.Join(dir, "first-reg.sock")
+	if err := os.Link(regSock, firstLink); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := os.Stat(firstLink)
 
 	// kubelet restarts while the driver is down: its registration fails.
 	stopDriver()
