@@ -157,6 +157,11 @@ var attrCases = []attrCase{
 			}
 		}
 		wantOwner(t, join(mnt, "f"), 1234, 5678)
+		if err := os.Lchown(join(mnt, "l"), 4321, 8765); err != nil {
+			t.Fatalf("lchown of a symlink: %v", err)
+		}
+		wantOwner(t, join(mnt, "l"), 4321, 8765)
+		wantOwner(t, join(mnt, "f"), 1234, 5678) // not followed
 		// A chown by root of a set-user-ID file keeps it (Linux clears it
 		// for non-root callers only when they are not the owner).
 		if err := os.Chown(join(mnt, "f"), 1234, 42); err != nil {
@@ -165,6 +170,27 @@ var attrCases = []attrCase{
 	}, see: func(t *testing.T, mnt string) {
 		wantOwner(t, join(mnt, "f"), 1234, 42)
 		wantOwner(t, join(mnt, "d"), 1234, 5678)
+		wantOwner(t, join(mnt, "l"), 4321, 8765)
+	}},
+	{name: "RenamedDirKeepsAttrs", do: func(t *testing.T, mnt string, _ blobstore.Store) {
+		if err := os.Mkdir(join(mnt, "d"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		mustWrite(t, join(mnt, "d", "f"), []byte("x"))
+		if err := os.Chmod(join(mnt, "d", "f"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(join(mnt, "d"), 0o711); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(join(mnt, "d"), join(mnt, "e")); err != nil {
+			t.Fatal(err)
+		}
+		wantMode(t, join(mnt, "e"), syscall.S_IFDIR|0o711)
+		wantMode(t, join(mnt, "e", "f"), syscall.S_IFREG|0o600)
+	}, see: func(t *testing.T, mnt string) {
+		wantMode(t, join(mnt, "e"), syscall.S_IFDIR|0o711)
+		wantMode(t, join(mnt, "e", "f"), syscall.S_IFREG|0o600)
 	}},
 	{name: "UtimensAtimeMtime", do: func(t *testing.T, mnt string, _ blobstore.Store) {
 		mustWrite(t, join(mnt, "f"), []byte("x"))
@@ -394,6 +420,60 @@ func TestAttributesSurviveServerKill(t *testing.T) {
 	a, err := h.localStore().Stat(context.Background(), "private")
 	if v, _ := metaValue(a.Metadata, blobstore.MetaMode); err != nil || v != "100600" {
 		t.Fatalf("blob private: %s=%q (%v), want 100600", blobstore.MetaMode, v, err)
+	}
+
+	// A node the new process knows only by name (the kernel holds it;
+	// no lookup comes) changes from its stored attributes, not from the
+	// mount's defaults: a chmod keeps the owner and group. (A chown would
+	// not show it: the kernel asks for the attributes before a chown of a
+	// file, to clear the set-user-ID bit.)
+	if err := os.WriteFile(join(h.mnt, "owned"), []byte("x"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(join(h.mnt, "owned"), 1234, 5678); err != nil {
+		t.Fatal(err)
+	}
+	g, err := os.Open(join(h.mnt, "owned"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	h.kill()
+	h.start()
+	if err := g.Chmod(0o604); err != nil {
+		t.Fatalf("fchmod after the restart: %v", err)
+	}
+	a, err = h.localStore().Stat(context.Background(), "owned")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{blobstore.MetaMode: "100604", blobstore.MetaUID: "1234", blobstore.MetaGID: "5678"} {
+		if v, _ := metaValue(a.Metadata, key); v != want {
+			t.Errorf("blob owned after fchmod: %s=%q, want %q", key, v, want)
+		}
+	}
+}
+
+// TestFailedSetattrChangesNothing: a chmod the store refuses is EIO and
+// leaves the attributes as they were: the next change that succeeds does
+// not store the refused mode with it.
+func TestFailedSetattrChangesNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (utimes of another's file)")
+	}
+	faulty := blobstore.NewFaulty(blobstore.NewMemory(), blobstore.FaultOptions{})
+	putBlob(t, faulty, "f", []byte("x"), map[string]string{blobstore.MetaMode: "100640"})
+	mnt, _ := mountStore(t, faulty, Options{})
+	wantMode(t, join(mnt, "f"), syscall.S_IFREG|0o640)
+	faulty.FailNext(blobstore.OpSetMetadata, 1_000_000, fmt.Errorf("injected: %w", blobstore.ErrTransient))
+	wantErrno(t, os.Chmod(join(mnt, "f"), 0o755), syscall.EIO)
+	faulty.ClearFaults()
+	if err := os.Chtimes(join(mnt, "f"), t1, t2); err != nil {
+		t.Fatal(err)
+	}
+	a, err := faulty.Stat(context.Background(), "f")
+	if v, _ := metaValue(a.Metadata, blobstore.MetaMode); err != nil || v != "100640" {
+		t.Errorf("blob f after a refused chmod and a utimes: %s=%q (%v), want 100640", blobstore.MetaMode, v, err)
 	}
 }
 

@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -247,6 +248,47 @@ func TestConflictNotFalse(t *testing.T) {
 					t.Errorf("lost+found holds %v, want nothing", kept)
 				}
 			})
+		}
+	})
+}
+
+// TestOpenFilesFollowDirRename: files open for writing in a directory that
+// is renamed commit, at close, on the condition of the copies the rename
+// made: no false conflict, content under the new name, nothing kept in
+// lost+found.
+func TestOpenFilesFollowDirRename(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
+		opts := Options{CacheDir: t.TempDir()}
+		mnt, _ := mountStore(t, s, opts)
+		for _, name := range []string{"d/rdwr", "d/trunc", "d/sub/written"} {
+			putBlob(t, s, name, []byte("old content\n"), nil)
+		}
+		rdwr := mustOpen(t, join(mnt, "d", "rdwr"), os.O_RDWR)
+		trunc := mustOpen(t, join(mnt, "d", "trunc"), os.O_WRONLY|os.O_TRUNC)
+		written := mustOpen(t, join(mnt, "d", "sub", "written"), os.O_RDWR)
+		mustWriteHandle(t, written, []byte("NEW")) // committed by the rename
+		created := mustOpen(t, join(mnt, "d", "created"), os.O_WRONLY|os.O_CREATE|os.O_EXCL)
+		mustWriteHandle(t, created, []byte("created"))
+		if err := os.Rename(join(mnt, "d"), join(mnt, "e")); err != nil {
+			t.Fatal(err)
+		}
+		mustWriteHandle(t, rdwr, []byte("OLD"))
+		mustWriteHandle(t, trunc, []byte("truncated"))
+		mustWriteHandle(t, written, []byte("!!!"))
+		mustWriteHandle(t, created, []byte(" later"))
+		for _, f := range []*os.File{rdwr, trunc, written, created} {
+			mustClose(t, f.Close())
+		}
+		wantBlob(t, s, "e/rdwr", []byte("OLD content\n"))
+		wantBlob(t, s, "e/trunc", []byte("truncated"))
+		wantBlob(t, s, "e/sub/written", []byte("NEW!!!ntent\n"))
+		wantBlob(t, s, "e/created", []byte("created later"))
+		page, err := s.List(context.Background(), blobstore.ListOptions{Prefix: "d/"})
+		if err != nil || len(page.Blobs) > 0 {
+			t.Errorf("blobs left under the old name: %v (%v)", page.Blobs, err)
+		}
+		if kept, _ := filepath.Glob(filepath.Join(opts.CacheDir, "lost+found", "*")); len(kept) > 0 {
+			t.Errorf("lost+found holds %v, want nothing", kept)
 		}
 	})
 }

@@ -476,17 +476,34 @@ func (fs *FS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) 
 		out.SetTimeout(fs.opts.AttrTimeout)
 		return fuse.OK
 	}
-	isDir := n.kind == kindDir
 	fs.mu.Unlock()
 
 	ctx, cf := fs.reqContext()
 	defer cf()
 	a, err := fs.store.Stat(ctx, path)
-	if isDir {
-		// A directory's attributes are its marker's; one without a
-		// marker shows the defaults. Its existence is not in question
-		// here (a lookup established it).
-		fs.mu.Lock()
+	fs.mu.Lock()
+	err = fs.applyStatLocked(n, a, err)
+	fs.mu.Unlock()
+	if err != nil {
+		if !errors.Is(err, blobstore.ErrNotFound) {
+			fs.log.Warn("getattr failed", "path", path, "err", err)
+		}
+		return toStatus(err)
+	}
+	fs.countSubdirs(n, path)
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.fillAttr(n, &out.Attr)
+	out.SetTimeout(fs.opts.AttrTimeout)
+	return fuse.OK
+}
+
+// applyStatLocked records what a Stat of n's path returned (a, err): a
+// file's size, times and attributes, a directory's attributes (its
+// marker's; one without a marker shows the defaults: its existence is not
+// in question here, a lookup established it). The caller holds FS.mu.
+func (fs *FS) applyStatLocked(n *node, a blobstore.Attrs, err error) error {
+	if n.kind == kindDir {
 		switch {
 		case err == nil:
 			n.attrs, n.attrsKnown = parsePOSIX(a.Metadata), true
@@ -496,34 +513,36 @@ func (fs *FS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) 
 		case errors.Is(err, blobstore.ErrNotFound):
 			n.attrsKnown = true
 		default:
-			fs.mu.Unlock()
-			fs.log.Warn("getattr failed", "path", path, "err", err)
-			return toStatus(err)
+			return err
 		}
-		fs.mu.Unlock()
-		fs.countSubdirs(n, path)
-		fs.mu.Lock()
-		defer fs.mu.Unlock()
-		fs.fillAttr(n, &out.Attr)
-		out.SetTimeout(fs.opts.AttrTimeout)
-		return fuse.OK
+		return nil
 	}
 	if err != nil {
-		if !errors.Is(err, blobstore.ErrNotFound) {
-			fs.log.Warn("getattr failed", "path", path, "err", err)
-		}
-		return toStatus(err)
+		return err
 	}
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
 	fs.applyEntryLocked(n, entryFromAttrs(a))
 	if !n.attrsKnown {
 		// Its content is local and newer; its attributes are the blob's.
 		n.attrs, n.attrsKnown = parsePOSIX(a.Metadata), true
 	}
-	fs.fillAttr(n, &out.Attr)
-	out.SetTimeout(fs.opts.AttrTimeout)
-	return fuse.OK
+	return nil
+}
+
+// loadAttrs reads the stored attributes of a node that does not have them
+// yet (one restored from the state region after a restart knows only its
+// name), so that a change starts from what is stored, not from the
+// mount's defaults written over it.
+func (fs *FS) loadAttrs(ctx context.Context, n *node, path string) error {
+	fs.mu.Lock()
+	need := !n.attrsKnown && n.inStore && path != "" && n.id != fuse.FUSE_ROOT_ID
+	fs.mu.Unlock()
+	if !need {
+		return nil
+	}
+	a, err := fs.store.Stat(ctx, path)
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.applyStatLocked(n, a, err)
 }
 
 func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) fuse.Status {
@@ -533,6 +552,10 @@ func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) 
 	}
 	ctx, cf := fs.reqContext()
 	defer cf()
+	if err := fs.loadAttrs(ctx, n, path); err != nil {
+		fs.log.Warn("setattr failed", "path", path, "err", err)
+		return toStatus(err)
+	}
 
 	mode, setMode := in.GetMode()
 	uid, setUID := in.GetUID()
@@ -562,7 +585,7 @@ func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) 
 	// the store cannot keep are refused, never accepted and lost.
 	if (setMode || setUID || setGID) && fs.opts.NoAttrWrites ||
 		setMode && fs.opts.ForcePerm || (setUID || setGID) && fs.opts.ForceOwner ||
-		(setMode || setUID || setGID) && n.kind == kindSymlink {
+		setMode && n.kind == kindSymlink { // a link's mode is always 0777
 		return fuse.EPERM
 	}
 	if (setAtime || setMtime) && fs.opts.NoAttrWrites && n.kind == kindDir {
@@ -580,6 +603,10 @@ func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) 
 	if setMode || setUID || setGID || setAtime || setMtime {
 		now := time.Now()
 		fs.mu.Lock()
+		// The kernel holds the inode's lock through a setattr, so no
+		// other change of these attributes comes meanwhile: a failed
+		// store puts the old ones back.
+		was, wasKnown := n.attrs, n.attrsKnown
 		a := &n.attrs
 		if setMode {
 			a.perm, a.hasPerm = mode&0o7777, true
@@ -606,6 +633,9 @@ func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) 
 			mt = &mtime
 		}
 		if err := fs.storeAttrs(ctx, n, path, mt); err != nil {
+			fs.mu.Lock()
+			n.attrs, n.attrsKnown = was, wasKnown
+			fs.mu.Unlock()
 			fs.log.Warn("setattr failed", "path", path, "err", err)
 			return toStatus(err)
 		}

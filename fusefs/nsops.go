@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -551,24 +552,29 @@ func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string, 
 	if err := fs.store.Delete(ctx, srcPath, blobstore.Conditions{}); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
 		return err
 	}
+	fs.followCopy(n, of, a.ETag)
+	return nil
+}
+
+// followCopy gives a node whose blob a rename copied the copy's ETag, and
+// carries the condition of its open file's next commit to the new name.
+// An ETag seen at open that is not the one this mount knew moved is left
+// as it is: the commit then fails, as it would have under the old name.
+func (fs *FS) followCopy(n *node, of *openFile, etag string) {
 	fs.mu.Lock()
 	moved := n.etag
-	n.etag = a.ETag
+	n.etag = etag
 	fs.mu.Unlock()
-	if of != nil {
-		// The condition of the next commit follows the blob to its new
-		// name. An ETag seen at open that is not the one this mount
-		// knew moved is left as it is: the commit then fails, as it
-		// would have under the old name.
-		of.mu.Lock()
-		if of.baseETag != "" {
-			of.baseETag = a.ETag
-		} else if of.openETag != "" && of.openETag == moved {
-			of.openETag = a.ETag
-		}
-		of.mu.Unlock()
+	if of == nil {
+		return
 	}
-	return nil
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	if of.baseETag != "" {
+		of.baseETag = etag
+	} else if of.openETag != "" && of.openETag == moved {
+		of.openETag = etag
+	}
 }
 
 // deleteDirMarker deletes the marker of the empty directory at path that a
@@ -650,23 +656,45 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 	} else if !errors.Is(err, blobstore.ErrNotFound) {
 		return err
 	}
+	// The copies' ETags, by old name: open files below follow them.
+	var copiedMu sync.Mutex
+	copied := make(map[string]string, len(names))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(renameConcurrency)
 	for _, name := range names {
 		g.Go(func() error {
-			_, err := fs.store.Copy(gctx, dstPath+strings.TrimPrefix(name, srcPath), name)
+			a, err := fs.store.Copy(gctx, dstPath+strings.TrimPrefix(name, srcPath), name)
 			if resent && errors.Is(err, blobstore.ErrNotFound) {
 				// Listed above, gone now: the dead process's Delete
 				// landed after the listing. It deletes only once every
 				// copy has landed, so this blob is in place already.
 				return nil
 			}
+			if err == nil {
+				copiedMu.Lock()
+				copied[name] = a.ETag
+				copiedMu.Unlock()
+			}
 			return err
 		})
 	}
-	if hasMarker || len(names) == 0 {
+	switch {
+	case hasMarker:
+		// Copied, not made anew: the marker carries the directory's
+		// attributes.
 		g.Go(func() error {
-			_, err := fs.store.Put(gctx, dstPath, nil, blobstore.PutOptions{Metadata: folderMeta})
+			_, err := fs.store.Copy(gctx, dstPath, srcPath)
+			if resent && errors.Is(err, blobstore.ErrNotFound) {
+				return nil // moved by the first run, as above
+			}
+			return err
+		})
+	case len(names) == 0:
+		fs.mu.Lock()
+		md := fs.newMeta(folderMeta, kindDir, n.attrs)
+		fs.mu.Unlock()
+		g.Go(func() error {
+			_, err := fs.store.Put(gctx, dstPath, nil, blobstore.PutOptions{Metadata: md})
 			return err
 		})
 	}
@@ -690,11 +718,26 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 	fs.lists.invalidateTree(dstPath)
 	// Cached attributes of nodes below the old path still describe the
 	// same content; their paths follow the moved directory node.
+	type follower struct {
+		n    *node
+		of   *openFile
+		etag string
+	}
+	var followers []follower
 	fs.mu.Lock()
 	now := time.Now()
 	for _, d := range fs.nodes.descendants(srcPath) {
-		d.attrExpiry = now // copies have new ETags
+		if p, ok := fs.nodes.path(d); ok {
+			if etag, ok := copied[p]; ok {
+				followers = append(followers, follower{d, d.file, etag})
+				continue
+			}
+		}
+		d.attrExpiry = now // not seen copied: ask the store again
 	}
 	fs.mu.Unlock()
+	for _, f := range followers {
+		fs.followCopy(f.n, f.of, f.etag)
+	}
 	return nil
 }
