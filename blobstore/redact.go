@@ -71,10 +71,28 @@ func Redact(s string) string {
 	return s
 }
 
-// maybeSecret is a fast pre-check: text without '=', ':' or "%3D" has
-// nothing Redact would replace.
+// maybeSecret is a fast pre-check: text without '=', ':', "%3D" or the
+// word bearer (a JWT has none of the others) has nothing Redact would
+// replace.
 func maybeSecret(s string) bool {
-	return strings.ContainsAny(s, "=:") || strings.Contains(s, "%3D") || strings.Contains(s, "%3d")
+	return strings.ContainsAny(s, "=:") || strings.Contains(s, "%3D") || strings.Contains(s, "%3d") || containsFoldASCII(s, "bearer")
+}
+
+// containsFoldASCII reports whether s holds lower (ASCII lower case) in
+// any case, without the copy strings.ToLower would make.
+func containsFoldASCII(s, lower string) bool {
+	for i := 0; i+len(lower) <= len(s); i++ {
+		j := 0
+		for ; j < len(lower); j++ {
+			if s[i+j]|0x20 != lower[j] {
+				break
+			}
+		}
+		if j == len(lower) {
+			return true
+		}
+	}
+	return false
 }
 
 // RedactError returns err with its message redacted. errors.Is and

@@ -37,6 +37,8 @@ func TestRedact(t *testing.T) {
 		{"headers", "Authorization: SharedKey acct:hmacSECRET=\r\nx-ms-copy-source: https://a/c/b?sig=hdrSECRET\r\nx-ms-version: 2025-01-05",
 			[]string{"hmacSECRET", "hdrSECRET"}, []string{"x-ms-version: 2025-01-05"}},
 		{"bearer", `{"error": "Bearer eyJhbGciOi.jwtSECRET.sig rejected"}`, []string{"jwtSECRET"}, []string{"rejected"}},
+		{"bare bearer", `token Bearer eyJhbGciOi.jwtSECRET2.sig rejected`, []string{"jwtSECRET2"}, []string{"rejected"}},
+		{"bare bearer, upper case", `BEARER eyJhbGciOi.jwtSECRET3.sig`, []string{"jwtSECRET3"}, nil},
 		{"client secret in a form", "grant_type=client_credentials&client_secret=clSECRET&scope=x", []string{"clSECRET"}, []string{"scope=x"}},
 		{"nothing to redact", `azure: Stat "dir/a=b": blob not found: HTTP 404 BlobNotFound`, nil, []string{`azure: Stat "dir/a=b": blob not found: HTTP 404 BlobNotFound`}},
 	} {

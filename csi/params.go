@@ -446,8 +446,9 @@ var mountOptionNames = []string{
 }
 
 // defaultMountSettings: pods run with any uid, so CSI mounts let every
-// user in (allow-other) and grant rwx to all (umask 0) unless the volume's
-// mount options say otherwise.
+// user in (allow-other) and show blobs that carry no attributes of their
+// own as rwx to all (umask 0), unless the volume's mount options say
+// otherwise. New entries get the mode their creator asked for.
 func defaultMountSettings() mountSettings {
 	return mountSettings{
 		FS:    fusefs.Options{Umask: 0},

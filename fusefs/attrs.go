@@ -160,29 +160,10 @@ func setMetaKey(md map[string]string, key, value string) {
 
 func deleteMetaKey(md map[string]string, key string) {
 	for k := range md {
-		if k == key || equalFoldASCII(k, key) {
+		if strings.EqualFold(k, key) {
 			delete(md, k)
 		}
 	}
-}
-
-func equalFoldASCII(a, b string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := 0; i < len(a); i++ {
-		x, y := a[i], b[i]
-		if 'A' <= x && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if 'A' <= y && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
-			return false
-		}
-	}
-	return true
 }
 
 // writePOSIX puts p's set attributes into md. kind's type bits are part of

@@ -40,8 +40,7 @@ func toStatus(err error) fuse.Status {
 	case errors.As(err, &errno):
 		return fuse.Status(errno)
 	default:
-		// Throttling and transient failures that outlived the retry
-		// budget, and anything unknown.
+		// Anything unknown: EIO, the errno of a failing device.
 		return fuse.EIO
 	}
 }

@@ -37,8 +37,10 @@ type Options struct {
 	// inherit the group (newAttrsLocked).
 	RootMode uint32
 	// NoAttrWrites never writes POSIX attributes to the store: what blobs
-	// carry is still shown, chmod, chown and utimensat are refused
-	// (EPERM), and new files get the mount's defaults.
+	// carry is still shown; chmod and chown are refused (EPERM); utimensat
+	// sets a file's mtime only (as before attributes were kept) and is
+	// accepted without effect on a directory (tar and rsync set them); new
+	// entries get the mount's defaults.
 	NoAttrWrites bool
 	// BlockCacheBytes bounds the in-memory read block cache, read-ahead
 	// included. Default 256 MiB.

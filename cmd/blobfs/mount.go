@@ -374,8 +374,8 @@ func mountWith(c *mountConfig, mountpoint string, args []string) error {
 	// temporary directory of a mount that is gone.
 	madeCacheDir := ""
 	if c.fs.CacheDir == "" {
-		if c.fs.CacheDir, err = os.MkdirTemp("", "blobfs-cache-"); err != nil {
-			return fmt.Errorf("cache directory: %w", err)
+		if c.fs.CacheDir, err = makeCacheDir(); err != nil {
+			return err
 		}
 		madeCacheDir = c.fs.CacheDir
 	}
@@ -390,6 +390,16 @@ func mountWith(c *mountConfig, mountpoint string, args []string) error {
 		removeMadeCacheDir(madeCacheDir, logger)
 	}
 	return err
+}
+
+// makeCacheDir makes the default cache directory of a mount that names
+// none: a fresh temporary one, removed again by removeMadeCacheDir.
+func makeCacheDir() (string, error) {
+	dir, err := os.MkdirTemp("", "blobfs-cache-")
+	if err != nil {
+		return "", fmt.Errorf("cache directory: %w", err)
+	}
+	return dir, nil
 }
 
 // removeMadeCacheDir removes a cache directory that this command made, once

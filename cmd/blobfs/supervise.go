@@ -157,8 +157,8 @@ func supervise(c *mountConfig, mp string, args []string, ready func(error, strin
 	// open files, named in the state region, live there.
 	cacheDir, madeCacheDir := c.fs.CacheDir, false
 	if cacheDir == "" {
-		if cacheDir, err = os.MkdirTemp("", "blobfs-cache-"); err != nil {
-			return fmt.Errorf("cache directory: %w", err)
+		if cacheDir, err = makeCacheDir(); err != nil {
+			return err
 		}
 		madeCacheDir = true
 	}
