@@ -33,9 +33,11 @@ type FS struct {
 	log      *slog.Logger
 	spillDir string
 	spills   spillPool // emptied spill files, reused (spillpool.go)
-	// spillLock holds the flock that makes this filesystem the spill
-	// directory's only user (spillrecover.go); nil if another one is.
-	spillLock *os.File
+	// spillLock holds this filesystem's flock on the spill directory
+	// (spillrecover.go): exclusive while it recovers orphans, shared
+	// after. orphansDone is closed once recovery has ended.
+	spillLock   *os.File
+	orphansDone chan struct{}
 	// noSpillRecords: the cache directory keeps no extended attributes,
 	// so spill files carry no record (spillrecover.go).
 	noSpillRecords atomic.Bool
@@ -108,6 +110,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		handles:       map[uint64]*handle{},
 		nextHandle:    1,
 		intents:       newIntentLog(),
+		orphansDone:   make(chan struct{}),
 	}
 	if opts.State != nil {
 		if err := fs.attachState(opts.State); err != nil {
@@ -115,7 +118,8 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 			return nil, fmt.Errorf("state region: %w", err)
 		}
 	}
-	// After the restore, which says which spill files are still in use.
+	// After the restore, which says which spill files are still in use;
+	// before serving, which makes new ones.
 	fs.recoverOrphans(ctx)
 	return fs, nil
 }

@@ -40,9 +40,10 @@ import (
 // only go to lost+found; New says so once.
 //
 // Only one filesystem may recover a directory's orphans, and none while
-// another one uses the directory: each holds an exclusive flock on the
-// spill directory for its life (released by the kernel when the process
-// dies), and one that cannot take it leaves the files alone.
+// another one uses the directory: each holds a flock on the spill directory
+// for its life (released by the kernel when the process dies), exclusive
+// while it recovers and shared after; one that cannot take it exclusively
+// leaves the files alone.
 
 // spillRecordXattr names the record's extended attribute.
 const spillRecordXattr = "user.blobfs.spill"
@@ -128,36 +129,63 @@ func (fs *FS) lostFoundPath(blobName string) string {
 	return filepath.Join(dir, fmt.Sprintf("%d-%s", time.Now().UnixNano(), filepath.Base(blobName)))
 }
 
-// lockSpillDir takes the spill directory for this filesystem: an exclusive
-// flock on the directory itself, held until Close (or the process's death).
-// It returns false when another filesystem holds it.
-func (fs *FS) lockSpillDir() bool {
+// lockSpillDir takes this filesystem's flock on the spill directory, held
+// until Close (or the process's death). It returns true when the lock is
+// exclusive: no other filesystem uses the directory, and this one may
+// recover the orphans (then shareSpillDir makes it shared). Otherwise it
+// holds a shared lock, or waits for one in the background while another
+// filesystem recovers, so that no later one takes this one's spill files
+// for orphans.
+func (fs *FS) lockSpillDir() (exclusive bool) {
 	d, err := os.Open(fs.spillDir)
 	if err != nil {
 		fs.log.Warn("cannot lock the spill directory; spill files of earlier sessions are not recovered", "dir", fs.spillDir, "err", err)
 		return false
 	}
-	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		d.Close()
-		fs.log.Warn("the cache directory is in use by another mount; spill files of earlier sessions are not recovered", "dir", fs.opts.CacheDir, "err", err)
-		return false
-	}
 	fs.spillLock = d
-	return true
+	fd := int(d.Fd())
+	if unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) == nil {
+		return true
+	}
+	fs.log.Warn("the cache directory is in use by another mount; spill files of earlier sessions are left to it", "dir", fs.opts.CacheDir)
+	if unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB) != nil {
+		// The other one is recovering (exclusive): it shares once done.
+		// Control holds a reference, so a Close meanwhile does not
+		// free the descriptor under the blocked call.
+		if rc, err := d.SyscallConn(); err == nil {
+			go rc.Control(func(fd uintptr) { unix.Flock(int(fd), unix.LOCK_SH) })
+		}
+	}
+	return false
 }
 
-// recoverOrphans uploads or keeps the spill files that no live file refers
-// to: those a dead process left (see the top of this file). Live ones are
-// those of the files restored from the state region.
+// shareSpillDir turns the exclusive lock into a shared one. On Linux a
+// flock's conversion happens under one spinlock, so no other filesystem
+// can take the exclusive lock in between.
+func (fs *FS) shareSpillDir() {
+	if err := unix.Flock(int(fs.spillLock.Fd()), unix.LOCK_SH); err != nil {
+		fs.log.Warn("cannot share the spill directory's lock", "dir", fs.spillDir, "err", err)
+	}
+}
+
+// recoverOrphans finds the spill files that no live file refers to: those
+// a dead process left (see the top of this file). Live ones are those of
+// the files restored from the state region. It lists them at once, before
+// the filesystem makes spill files of its own, and uploads them in the
+// background: a store that cannot be reached now (the node's network not up
+// yet after a reboot) is tried again until it can be, or until Close; the
+// files stay in place meanwhile.
 func (fs *FS) recoverOrphans(ctx context.Context) {
 	if fs.opts.ReadOnly {
 		// Nothing can be uploaded: leave them to a read-write mount.
 		if left, _ := filepath.Glob(filepath.Join(fs.spillDir, spillPrefix+"*")); len(left) > 0 {
 			fs.log.Warn("spill files of an earlier session are left for the next read-write mount", "dir", fs.spillDir, "files", len(left))
 		}
+		close(fs.orphansDone)
 		return
 	}
 	if !fs.lockSpillDir() {
+		close(fs.orphansDone)
 		return
 	}
 	live := map[string]bool{}
@@ -171,30 +199,57 @@ func (fs *FS) recoverOrphans(ctx context.Context) {
 	entries, err := os.ReadDir(fs.spillDir)
 	if err != nil {
 		fs.log.Warn("cannot list the spill directory; spill files of earlier sessions are not recovered", "dir", fs.spillDir, "err", err)
-		return
 	}
+	var orphans []string
 	for _, e := range entries {
 		path := filepath.Join(fs.spillDir, e.Name())
-		if !e.Type().IsRegular() || !strings.HasPrefix(e.Name(), spillPrefix) || live[path] {
-			continue
+		if e.Type().IsRegular() && strings.HasPrefix(e.Name(), spillPrefix) && !live[path] {
+			orphans = append(orphans, path)
 		}
-		fs.recoverOrphan(ctx, path)
 	}
+	fs.bg.Add(1)
+	go func() {
+		defer fs.bg.Done()
+		defer close(fs.orphansDone)
+		defer fs.shareSpillDir()
+		delay := time.Second
+		for {
+			var again []string
+			for _, path := range orphans {
+				if err := fs.recoverOrphan(ctx, path); err != nil {
+					again = append(again, path)
+				}
+			}
+			if orphans = again; len(orphans) == 0 || ctx.Err() != nil {
+				return
+			}
+			fs.log.Warn("the store cannot be reached; files left open by a lost session wait in the cache directory to be uploaded",
+				"files", len(orphans), "dir", fs.spillDir, "retry_in", delay)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(delay):
+			}
+			delay = min(2*delay, time.Minute)
+		}
+	}()
 }
 
 // recoverOrphan uploads one orphan spill file when the blob is as the dead
-// session left it, and otherwise moves it to lost+found.
-func (fs *FS) recoverOrphan(ctx context.Context, path string) {
+// session left it, and otherwise moves it to lost+found. It returns an
+// error, and leaves the file in place, when the store could not be reached
+// (or the filesystem is closing): the upload is to be tried again.
+func (fs *FS) recoverOrphan(ctx context.Context, path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		fs.log.Warn("orphan spill file: cannot open it; left in place", "spill", path, "err", err)
-		return
+		return nil
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
 		fs.log.Warn("orphan spill file: cannot stat it; left in place", "spill", path, "err", err)
-		return
+		return nil
 	}
 	rec, ok := readSpillRecord(f)
 	switch {
@@ -202,24 +257,29 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) {
 		// Made and never written: a record is set before the first
 		// WRITE into a spill file is answered.
 		os.Remove(path)
-		return
+		return nil
 	case !ok:
 		fs.keepOrphan(path, "", st.Size(), errors.New("it has no record of the blob it belongs to"))
-		return
+		return nil
 	case rec.Store != fs.opts.StoreID:
 		fs.keepOrphan(path, rec.Blob, st.Size(), fmt.Errorf("it was written for another store (%s), not this one (%s)", rec.Store, fs.opts.StoreID))
-		return
+		return nil
 	case !rec.Dirty:
 		// The store has its content (or the file was deleted).
 		os.Remove(path)
 		fs.log.Debug("orphan spill file held no unsaved data; removed", "spill", path, "blob", rec.Blob)
-		return
+		return nil
 	}
+	retry := func(err error) bool { return ctx.Err() != nil || blobstore.Retryable(err) }
 	opts := blobstore.PutOptions{Conditions: blobstore.Conditions{IfMatch: rec.IfMatch, IfNoneMatch: rec.IfNoneMatch}}
 	if rec.IfMatch != "" {
 		// The blob as it was: keep its metadata (POSIX attributes), as
 		// the session's own commit would have.
-		if a, err := fs.store.Stat(ctx, rec.Blob); err == nil && a.ETag == rec.IfMatch {
+		a, err := fs.store.Stat(ctx, rec.Blob)
+		if err != nil && retry(err) {
+			return err
+		}
+		if err == nil && a.ETag == rec.IfMatch {
 			opts.Metadata = copyMeta(a.Metadata)
 		}
 	}
@@ -240,22 +300,30 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) {
 		})
 	}
 	_, err = up()
-	if err != nil && rec.Nonce != "" {
+	if err != nil && !retry(err) && rec.Nonce != "" {
 		// The dead process's own commit may have landed, its answer
 		// lost: the condition then fails on our own data.
-		if a, serr := fs.store.Stat(ctx, rec.Blob); serr == nil {
+		a, serr := fs.store.Stat(ctx, rec.Blob)
+		if serr != nil && retry(serr) {
+			return serr
+		}
+		if serr == nil {
 			if v, ok := metaValue(a.Metadata, blobstore.MetaCommit); ok && v == rec.Nonce {
 				opts.Conditions = blobstore.Conditions{IfMatch: a.ETag}
 				_, err = up()
 			}
 		}
 	}
+	if err != nil && retry(err) {
+		return err
+	}
 	if err != nil {
 		fs.keepOrphan(path, rec.Blob, st.Size(), err)
-		return
+		return nil
 	}
 	os.Remove(path)
 	fs.log.Info("uploaded a file left open by a lost session", "path", rec.Blob, "bytes", st.Size())
+	return nil
 }
 
 // keepOrphan moves an orphan spill file to lost+found and says why.

@@ -7,11 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -160,6 +162,7 @@ func TestLostSessionSpillFilesRecovered(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fsys.Close()
+	waitRecovered(t, fsys)
 
 	lostFound := join(cache, "lost+found")
 	for _, f := range files {
@@ -219,6 +222,7 @@ func TestSpillFileOfAnotherStoreIsKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fsys.Close()
+	waitRecovered(t, fsys)
 	if _, err := store.Stat(context.Background(), "f.txt"); !errors.Is(err, blobstore.ErrNotFound) {
 		t.Fatalf("another store's spill file was uploaded here (%v)", err)
 	}
@@ -260,4 +264,98 @@ func spillFiles(t *testing.T, cache string) []string {
 		names = append(names, e.Name())
 	}
 	return names
+}
+
+// waitRecovered waits until fsys has dealt with the orphans it found.
+func waitRecovered(t *testing.T, fsys *FS) {
+	t.Helper()
+	select {
+	case <-fsys.orphansDone:
+	case <-time.After(30 * time.Second):
+		t.Fatal("orphan recovery did not end within 30 s")
+	}
+}
+
+// writeOrphan leaves in dir a spill file with content data and record rec,
+// as a process killed with the file open does.
+func writeOrphan(t *testing.T, dir, name string, data []byte, rec spillRecord) string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := join(dir, spillPrefix+name)
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(rec)
+	if err := unix.Setxattr(path, spillRecordXattr, b, 0); err != nil {
+		t.Skipf("the temporary directory keeps no extended attributes: %v", err)
+	}
+	return path
+}
+
+// TestOrphanRecoveryWaitsForTheStore: a store that cannot be reached when
+// the mount starts (a node's network not up yet) neither holds up the
+// mount nor sends a lost session's data to lost+found: the file stays in
+// the cache directory and is uploaded once the store answers.
+func TestOrphanRecoveryWaitsForTheStore(t *testing.T) {
+	cache := t.TempDir()
+	orphan := writeOrphan(t, join(cache, "spill"), "orphan", []byte("unsaved"), spillRecord{Blob: "f.txt", Dirty: true, IfNoneMatch: true})
+	faulty := blobstore.NewFaulty(blobstore.NewMemory(), blobstore.FaultOptions{})
+	faulty.FailNext(blobstore.OpPut, 1_000_000, fmt.Errorf("injected: %w", blobstore.ErrTransient))
+	log, logged := capturingLogger(t)
+	start := time.Now()
+	fsys, err := New(faulty, Options{CacheDir: cache, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("New took %v with the store unreachable", d)
+	}
+	waitFor(t, "a warning that the upload waits for the store", func() bool {
+		return strings.Contains(logged.String(), "cannot be reached")
+	})
+	if _, err := os.Stat(orphan); err != nil {
+		t.Fatalf("the orphan left its place while the store was unreachable: %v", err)
+	}
+	if kept, _ := filepath.Glob(join(cache, "lost+found", "*")); len(kept) > 0 {
+		t.Fatalf("lost+found holds %v: a transient failure is not a conflict", kept)
+	}
+	faulty.ClearFaults()
+	waitRecovered(t, fsys)
+	wantBlob(t, faulty, "f.txt", []byte("unsaved"))
+	if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the orphan is still there after its upload (%v)", err)
+	}
+}
+
+// TestSpillDirSharedByTwoMounts: a cache directory used by two mounts at
+// once is locked by both, so that a third one, started after the first
+// ended, takes the second's spill files for nobody's and leaves them alone.
+func TestSpillDirSharedByTwoMounts(t *testing.T) {
+	cache := t.TempDir()
+	store := blobstore.NewMemory()
+	newFS := func() *FS {
+		fsys, err := New(store, Options{CacheDir: cache, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitRecovered(t, fsys)
+		return fsys
+	}
+	first := newFS()
+	second := newFS()
+	defer second.Close()
+	first.Close()
+	// One of the second's open files, as its spill file looks.
+	live := writeOrphan(t, join(cache, "spill"), "live", []byte("in use"), spillRecord{Blob: "open.txt", Dirty: true, IfNoneMatch: true})
+	third := newFS()
+	defer third.Close()
+	if _, err := os.Stat(live); err != nil {
+		t.Fatalf("a third mount took the second's spill file: %v", err)
+	}
+	if _, err := store.Stat(context.Background(), "open.txt"); !errors.Is(err, blobstore.ErrNotFound) {
+		t.Errorf("a live spill file was uploaded by another mount (%v)", err)
+	}
 }
