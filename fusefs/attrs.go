@@ -404,19 +404,22 @@ func relatimeLocked(n *node, now time.Time) {
 }
 
 // killPrivLocked clears the set-user-ID bit, and the set-group-ID bit of a
-// group-executable file, after a write by someone other than root, as
-// Linux file systems do. The kernel asks for it (a SETATTR) on writes
-// through its page cache, but not on direct-I/O writes, which write-only
-// handles use (writeOnlyFlags). The change goes up with the write's
-// commit. The caller holds FS.mu.
-func killPrivLocked(n *node) {
+// group-executable file, after a write by a process without CAP_FSETID, as
+// Linux file systems do. The kernel asks for it with a SETATTR on writes
+// through its page cache, and with FUSE_WRITE_KILL_SUIDGID on direct-I/O
+// writes, which write-only handles use (writeOnlyFlags). The change goes
+// up with the write's commit. It reports whether a bit was cleared. The
+// caller holds FS.mu.
+func killPrivLocked(n *node) bool {
 	p := &n.attrs
 	kill := p.perm & syscall.S_ISUID
 	if p.perm&(syscall.S_ISGID|0o010) == syscall.S_ISGID|0o010 {
 		kill |= syscall.S_ISGID
 	}
-	if kill != 0 {
-		p.perm &^= kill
-		p.ctime = time.Now()
+	if kill == 0 {
+		return false
 	}
+	p.perm &^= kill
+	p.ctime = time.Now()
+	return true
 }

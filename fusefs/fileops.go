@@ -526,10 +526,14 @@ func (fs *FS) Write(_ <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, f
 	}
 	fs.mu.Lock()
 	h.n.mtime = time.Now()
-	if in.Caller.Uid != 0 {
-		killPrivLocked(h.n)
-	}
+	killed := in.WriteFlags&fuse.WRITE_KILL_SUIDGID != 0 && killPrivLocked(h.n)
 	fs.mu.Unlock()
+	if killed {
+		// The spill file's record carries the mode to a successor.
+		h.of.mu.Lock()
+		h.of.recordLocked(true)
+		h.of.mu.Unlock()
+	}
 	return uint32(len(data)), fuse.OK
 }
 
