@@ -98,7 +98,15 @@ func (m *BlobfsMounter) AdoptMounts(ctx context.Context) ([]AdoptedMount, error)
 				}
 				return nil
 			}
-			m.log.Info("adopted a live mount", "mountpoint", am.Target, "volume", am.Spec.VolumeID, "took", time.Since(start).Round(time.Millisecond))
+			attrs := []any{"mountpoint", am.Target, "volume", am.Spec.VolumeID, "took", time.Since(start).Round(time.Millisecond)}
+			if !h.UnservedSince.IsZero() {
+				pause := time.Since(h.UnservedSince)
+				attrs = append(attrs, "unserved_for", pause.Round(time.Millisecond))
+				if m.metrics != nil {
+					m.metrics.ObserveRestartPause(pause)
+				}
+			}
+			m.log.Info("adopted a live mount", attrs...)
 			mu.Lock()
 			adopted = append(adopted, am)
 			mu.Unlock()
@@ -127,7 +135,7 @@ func (m *BlobfsMounter) adopt(h fusefs.HeldMount) (AdoptedMount, error) {
 	}
 	// No store check: the mount is live and its applications wait; a
 	// store that fails now fails their requests, as it would have anyway.
-	store, err := m.openStore(rec.Spec)
+	store, vol, err := m.openStore(rec.Spec)
 	if err != nil {
 		return AdoptedMount{}, err
 	}
@@ -135,7 +143,7 @@ func (m *BlobfsMounter) adopt(h fusefs.HeldMount) (AdoptedMount, error) {
 	if err != nil {
 		return AdoptedMount{}, err
 	}
-	if _, err := m.serve(rec.Target, nil, fd, h.State, store, rec.Spec); err != nil {
+	if _, err := m.serve(rec.Target, nil, fd, h.State, store, vol, rec.Spec); err != nil {
 		unix.Close(fd)
 		return AdoptedMount{}, err
 	}

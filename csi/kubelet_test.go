@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -149,20 +150,56 @@ func TestKubeletSequence(t *testing.T) {
 	}
 
 	// Metrics: the calls, the FUSE operations and the store requests
-	// above are counted.
-	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	// above are counted. A file open with data not uploaded yet shows in
+	// the volume's gauges.
+	open, err := os.Create(filepath.Join(targets[0], "logs/open.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	defer open.Close()
+	if _, err := open.Write(data[:300_000]); err != nil {
+		t.Fatal(err)
+	}
+	scrape := func() string {
+		t.Helper()
+		resp, err := http.Get("http://" + metricsAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return string(body)
+	}
+	body := []byte(scrape())
+	volLabel := fmt.Sprintf("{volume=%q}", handle)
+	for _, want := range []string{
+		"blobfs_volume_dirty_files" + volLabel + " 1",
+		"blobfs_volume_dirty_bytes" + volLabel + " 300000",
+		"blobfs_volume_uploading_bytes" + volLabel + " 0",
+		"blobfs_volume_store_requests_in_flight" + volLabel + " 0",
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q:\n%s", want, grepLines(string(body), "blobfs_volume_"))
+		}
+	}
+	for _, positive := range []string{"blobfs_volume_spill_bytes", "blobfs_volume_cache_bytes", "blobfs_volume_cache_hits_total", "blobfs_volume_cache_misses_total"} {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(positive+volLabel) + ` [1-9]`).Match(body) {
+			t.Errorf("%s is 0 with a file open for writing and reads done:\n%s", positive, grepLines(string(body), positive))
+		}
+	}
+	if err := open.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if after := scrape(); !strings.Contains(after, "blobfs_volume_dirty_bytes"+volLabel+" 0") {
+		t.Errorf("dirty bytes after close:\n%s", grepLines(after, "blobfs_volume_dirty_bytes"))
+	}
 	for _, want := range []string{
 		`blobfs_csi_requests_total{code="OK",method="NodeStageVolume"} 2`,
 		`blobfs_fuse_operations_total{op="write",result="ok"}`,
 		`blobfs_store_requests_total{op="Put",result="ok"}`,
 		`blobfs_mounts{state="published"} 2`,
 		`blobfs_mounts{state="staged"} 1`,
-		`blobfs_bytes_total{direction="write",layer="fuse"} 1.1e+06`,
+		`blobfs_bytes_total{direction="write",layer="fuse"} 1.4e+06`, // app.log and open.log
 		`blobfs_csi_request_duration_seconds_bucket{method="NodePublishVolume"`,
 		`blobfs_cache_hits_total`,
 	} {
@@ -196,6 +233,9 @@ func TestKubeletSequence(t *testing.T) {
 	}
 	if left := mountsUnder(d.kubelet); len(left) > 0 {
 		t.Fatalf("still mounted after unstage: %v", left)
+	}
+	if after := scrape(); strings.Contains(after, volLabel) {
+		t.Errorf("the unstaged volume's series are still reported:\n%s", grepLines(after, volLabel))
 	}
 	if recs := d.state.List(); len(recs) != 0 {
 		t.Errorf("node state still has %d volumes", len(recs))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/fsmetrics"
 )
 
 // Mounter is what the node service needs to put volumes in place. The
@@ -126,7 +127,7 @@ func (m *BlobfsMounter) MountVolume(ctx context.Context, mp *MountPoint, spec Mo
 	if busy {
 		return fmt.Errorf("%s is already served by this driver", target)
 	}
-	store, err := m.openStore(spec)
+	store, vol, err := m.openStore(spec)
 	if err != nil {
 		return err
 	}
@@ -142,7 +143,7 @@ func (m *BlobfsMounter) MountVolume(ctx context.Context, mp *MountPoint, spec Mo
 			return err
 		}
 	}
-	lm, err := m.serveAt(mp, state, store, spec)
+	lm, err := m.serveAt(mp, state, store, vol, spec)
 	if err != nil {
 		if state != nil {
 			state.Close()
@@ -155,29 +156,33 @@ func (m *BlobfsMounter) MountVolume(ctx context.Context, mp *MountPoint, spec Mo
 	return nil
 }
 
-func (m *BlobfsMounter) openStore(spec MountSpec) (blobstore.Store, error) {
+// openStore opens the volume's store, and starts its metrics (nil without
+// metrics): its requests are counted from the first.
+func (m *BlobfsMounter) openStore(spec MountSpec) (blobstore.Store, *fsmetrics.Volume, error) {
 	az, err := blobstore.NewAzure(spec.Azure)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	store := blobstore.NewLogged(az, m.log.With("volume", spec.VolumeID))
+	var vol *fsmetrics.Volume
 	if m.metrics != nil {
-		store = m.metrics.instrumentStore(store)
+		vol = m.metrics.NewVolume(spec.VolumeID)
+		store = vol.InstrumentStore(store)
 	}
-	return blobstore.NewRetrying(store, spec.Retry), nil
+	return blobstore.NewRetrying(store, spec.Retry), vol, nil
 }
 
 // serveAt mounts spec on the directory mp and serves it. The directory is
 // opened (without following a symlink) and checked to have nothing mounted
 // on it just before the mount, which is made on the open directory: it
 // cannot land anywhere else, and never on top of another mount.
-func (m *BlobfsMounter) serveAt(mp *MountPoint, state *os.File, store blobstore.Store, spec MountSpec) (*liveMount, error) {
+func (m *BlobfsMounter) serveAt(mp *MountPoint, state *os.File, store blobstore.Store, vol *fsmetrics.Volume, spec MountSpec) (*liveMount, error) {
 	dir, err := openUnmounted(mp)
 	if err != nil {
 		return nil, err
 	}
 	defer dir.Close()
-	return m.serve(mp.Path, dir, -1, state, store, spec)
+	return m.serve(mp.Path, dir, -1, state, store, vol, spec)
 }
 
 // openUnmounted opens the directory mp for a mount on it: a symlink, or a
@@ -210,8 +215,9 @@ func isMountRoot(f *os.File) (bool, error) {
 }
 
 // serve mounts spec on dir (fuseFD < 0), or serves the live mount on
-// fuseFD whose state region is state (adoption), at target.
-func (m *BlobfsMounter) serve(target string, dir *os.File, fuseFD int, state *os.File, store blobstore.Store, spec MountSpec) (*liveMount, error) {
+// fuseFD whose state region is state (adoption), at target. vol (nil
+// without metrics) reports the mount's gauges while it lives.
+func (m *BlobfsMounter) serve(target string, dir *os.File, fuseFD int, state *os.File, store blobstore.Store, vol *fsmetrics.Volume, spec MountSpec) (*liveMount, error) {
 	opts := spec.FS
 	if opts.Logger == nil {
 		opts.Logger = m.log.With("volume", spec.VolumeID)
@@ -231,8 +237,8 @@ func (m *BlobfsMounter) serve(target string, dir *os.File, fuseFD int, state *os
 	}
 	var served fuse.RawFileSystem = fsys
 	if m.metrics != nil {
-		served = instrumentedFS{FS: fsys, m: m.metrics}
-		m.metrics.trackFS(fsys)
+		served = m.metrics.InstrumentFS(fsys)
+		vol.Track(fsys)
 	}
 	var sess *fusefs.Session
 	if fuseFD < 0 {
@@ -242,7 +248,7 @@ func (m *BlobfsMounter) serve(target string, dir *os.File, fuseFD int, state *os
 	}
 	if err != nil {
 		if m.metrics != nil {
-			m.metrics.untrackFS(fsys)
+			m.metrics.Untrack(fsys)
 		}
 		fsys.Close()
 		return nil, err
@@ -289,7 +295,7 @@ func (m *BlobfsMounter) watch(target string, lm *liveMount) {
 		lm.state.Close()
 	}
 	if m.metrics != nil {
-		m.metrics.untrackFS(lm.fs)
+		m.metrics.Untrack(lm.fs)
 	}
 	m.mu.Lock()
 	if m.mounts[target] == lm {

@@ -596,6 +596,13 @@ func (c *blockCache) close() {
 }
 
 // stats returns hit and miss counts.
+// usage is the memory the cache's blocks take.
+func (c *blockCache) usage() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.used
+}
+
 func (c *blockCache) stats() (hits, misses uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

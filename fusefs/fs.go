@@ -52,6 +52,8 @@ type FS struct {
 	directIOMmap atomic.Bool
 	// uploadSlots bounds the blocks being streamed up, over all files.
 	uploadSlots chan struct{}
+	// uploading sums the sizes of the files being committed (Stats).
+	uploading atomic.Int64
 	// blockBufs recycles the buffers of streamed blocks (*[]byte of
 	// UploadBlockSize bytes); uploadSlots bounds how many are in use.
 	blockBufs sync.Pool
@@ -130,6 +132,57 @@ func (fs *FS) Options() Options { return fs.opts }
 // CacheStats returns the block cache's hits and misses since the mount
 // began: reads answered from memory, and reads that had to fetch.
 func (fs *FS) CacheStats() (hits, misses uint64) { return fs.blocks.stats() }
+
+// Stats is what a mount holds that the store does not have yet, and what
+// it keeps in memory and on disk: the gauges of its metrics.
+type Stats struct {
+	// DirtyFiles and DirtyBytes: open files with changes the store does
+	// not have, and their sizes.
+	DirtyFiles int
+	DirtyBytes int64
+	// UploadingBytes: the sizes of the files whose commits (at close,
+	// fsync, rename) are under way.
+	UploadingBytes int64
+	// SpillBytes: disk space the spill files of open files take.
+	SpillBytes int64
+	// CacheBytes: memory of the read block cache.
+	CacheBytes int64
+	// CacheHits and CacheMisses as CacheStats.
+	CacheHits, CacheMisses uint64
+}
+
+// Stats returns the mount's Stats now. It costs a stat of each open file's
+// spill file: meant for a metrics scrape, not for every request.
+func (fs *FS) Stats() Stats {
+	var s Stats
+	fs.mu.Lock()
+	var files []*openFile
+	for _, n := range fs.nodes.byID {
+		if n.file != nil {
+			files = append(files, n.file)
+		}
+	}
+	fs.mu.Unlock()
+	for _, of := range files {
+		of.mu.Lock()
+		if of.spill != nil {
+			if fi, err := of.spill.Stat(); err == nil {
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+					s.SpillBytes += st.Blocks * 512
+				}
+			}
+			if of.dirty() && !of.unlinked {
+				s.DirtyFiles++
+				s.DirtyBytes += of.size
+			}
+		}
+		of.mu.Unlock()
+	}
+	s.UploadingBytes = fs.uploading.Load()
+	s.CacheBytes = fs.blocks.usage()
+	s.CacheHits, s.CacheMisses = fs.blocks.stats()
+	return s
+}
 
 func (fs *FS) String() string { return "blobfs" }
 

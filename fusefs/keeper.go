@@ -76,6 +76,9 @@ type keeperMsg struct {
 	// Owned (in a handoff) says that a server owned the mount.
 	Owned bool   `json:"owned,omitempty"`
 	Error string `json:"error,omitempty"`
+	// UnservedNS (in "end" of an adopt) is how long the mounts have gone
+	// unserved: since their previous owner released them or died.
+	UnservedNS int64 `json:"unservedNs,omitempty"`
 }
 
 // seqConn is one end of a SOCK_SEQPACKET connection.
@@ -167,6 +170,9 @@ type Keeper struct {
 	ownerReturnBy time.Time
 	conns         map[*keeperConn]bool
 	handedOff     bool
+	// unservedSince is when the last owner released its mounts or went
+	// away; the next adopter is told how long ago (the restart's pause).
+	unservedSince time.Time
 	ln            *net.UnixListener
 	// refusedPeers are the (pid, uid) pairs refused and logged already.
 	refusedPeers map[[2]int64]bool
@@ -431,6 +437,7 @@ func (k *Keeper) releasedLocked(kc *keeperConn) {
 	}
 	if k.owner == kc {
 		k.owner = nil
+		k.unservedSince = time.Now()
 		k.cond.Broadcast()
 	}
 }
@@ -610,8 +617,13 @@ func (k *Keeper) adopt(kc *keeperConn) error {
 			return err
 		}
 	}
-	k.log.Info("mounts adopted by a new server", "mounts", len(mounts))
-	return kc.send(keeperMsg{Op: "end"})
+	var unserved time.Duration
+	if !k.unservedSince.IsZero() && len(mounts) > 0 {
+		unserved = time.Since(k.unservedSince)
+	}
+	k.unservedSince = time.Time{}
+	k.log.Info("mounts adopted by a new server", "mounts", len(mounts), "unserved_for", unserved.Round(time.Millisecond))
+	return kc.send(keeperMsg{Op: "end", UnservedNS: int64(unserved)})
 }
 
 // handoff sends every mount to a newer keeper, then stops listening and
@@ -666,6 +678,9 @@ type HeldMount struct {
 	Record []byte
 	Fuse   *os.File // the mount's /dev/fuse
 	State  *os.File // the state region
+	// UnservedSince is when the mount's previous server stopped serving
+	// it (by this process's clock); zero if no server did.
+	UnservedSince time.Time
 }
 
 // KeeperClient is a serving process's connection to the keeper. It keeps a
@@ -946,6 +961,12 @@ func (c *KeeperClient) adoptOnce(ctx context.Context) ([]HeldMount, error) {
 			got = append(got, HeldMount{Key: r.m.Key, Record: r.m.Record,
 				Fuse: os.NewFile(uintptr(r.fds[0]), "fuse"), State: os.NewFile(uintptr(r.fds[1]), "state")})
 		case "end":
+			if r.m.UnservedNS > 0 {
+				since := time.Now().Add(-time.Duration(r.m.UnservedNS))
+				for i := range got {
+					got[i].UnservedSince = since
+				}
+			}
 			c.mu.Lock()
 			c.owner = true
 			for _, h := range got {

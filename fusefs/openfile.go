@@ -418,6 +418,8 @@ func (of *openFile) commit(ctx context.Context) error {
 		}
 		return nil // unlinked meanwhile
 	}
+	of.fs.uploading.Add(size)
+	defer of.fs.uploading.Add(-size)
 	var (
 		attrs blobstore.Attrs
 		err   error

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -27,6 +29,7 @@ func TestDocs(t *testing.T) {
 	t.Run("CommandFlags", func(t *testing.T) { checkCommandFlags(t, docs) })
 	t.Run("FirstScreen", func(t *testing.T) { checkFirstScreen(t, docs) })
 	t.Run("InstallPath", checkInstallPath)
+	t.Run("Metrics", func(t *testing.T) { checkMetrics(t, docs) })
 }
 
 // repoRoot is where README.md is: go test runs in the package directory.
@@ -409,6 +412,95 @@ func checkInstallPath(t *testing.T) {
 	for _, b := range bins {
 		if b != sbin+"/blobfs" {
 			t.Errorf("blobfs@.service runs %s; make install puts blobfs in %s/blobfs", b, sbin)
+		}
+	}
+}
+
+var (
+	// A metric's name where the code defines it: an Opts Name or a Desc.
+	metricDefined = regexp.MustCompile(`(?:Name:\s*|NewDesc\()"(blobfs_[a-z0-9_]+)"`)
+	metricInCode  = regexp.MustCompile("`(blobfs_[a-z0-9_]+)`")
+	metricInExpr  = regexp.MustCompile(`blobfs_[a-z0-9_]+`)
+)
+
+// checkMetrics: the metrics table of docs/reference.md names exactly the
+// metrics the code defines, and the Grafana dashboard in deploy/ uses only
+// those (a renamed metric would leave a panel empty).
+func checkMetrics(t *testing.T, docs []*mdFile) {
+	defined := map[string]bool{}
+	err := filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || strings.Contains(path, "/bench/") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range metricDefined.FindAllSubmatch(b, -1) {
+			defined[string(m[1])] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(defined) < 10 {
+		t.Fatalf("found only %d metric definitions in the code: %v", len(defined), defined)
+	}
+	documented := map[string]bool{}
+	for _, cell := range tableFirstColumns(t, docByPath(t, docs, "docs/reference.md"), "Metrics") {
+		for _, m := range metricInCode.FindAllStringSubmatch(cell, -1) {
+			documented[m[1]] = true
+		}
+	}
+	for name := range defined {
+		if !documented[name] {
+			t.Errorf("metric %s is not in the table of docs/reference.md#metrics", name)
+		}
+	}
+	for name := range documented {
+		if !defined[name] {
+			t.Errorf("docs/reference.md#metrics lists %s, which no code defines", name)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy/grafana/blobfs-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatalf("deploy/grafana/blobfs-dashboard.json: %v", err)
+	}
+	if len(dash.Panels) == 0 {
+		t.Fatal("the dashboard has no panels")
+	}
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("dashboard panel %q has no query", p.Title)
+		}
+		for _, q := range p.Targets {
+			for _, name := range metricInExpr.FindAllString(q.Expr, -1) {
+				base := name
+				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+					if b, ok := strings.CutSuffix(name, suffix); ok && defined[b] {
+						base = b
+					}
+				}
+				if !defined[base] {
+					t.Errorf("dashboard panel %q queries %s, which no code defines", p.Title, name)
+				}
+			}
 		}
 	}
 }

@@ -69,7 +69,11 @@ func helperFlags(source string, opts []string) ([]string, error) {
 		flags = append(flags, "--local-dir="+strings.TrimPrefix(source, "local:"))
 	case strings.HasPrefix(source, "azure:"):
 		flags = append(flags, "--container="+strings.TrimPrefix(source, "azure:"))
-	case source == "" || source == "none" || source == "blobfs":
+	case strings.HasPrefix(source, "blobfs:") && source != "blobfs:local":
+		// The source a mount shows (mountConfig.fsName), copied from
+		// mount(8)'s output.
+		flags = append(flags, "--container="+strings.TrimPrefix(source, "blobfs:"))
+	case source == "" || source == "none" || source == "blobfs" || source == "blobfs:local":
 	default:
 		flags = append(flags, "--container="+source)
 	}

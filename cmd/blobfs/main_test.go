@@ -32,6 +32,9 @@ func TestHelperFlags(t *testing.T) {
 		{"azure:c", []string{"ro", "allow_other", "block-cache-mb=512"}, []string{"--container=c", "--read-only", "--allow-other", "--block-cache-mb=512"}, false},
 		{"local:/srv/data", []string{"x-systemd.automount", "cache_dir=/var/cache/b"}, []string{"--local-dir=/srv/data", "--cache-dir=/var/cache/b"}, false},
 		{"c", []string{"foreground"}, nil, true},
+		// What mount(8) shows as the source of a mount.
+		{"blobfs:shared", nil, []string{"--container=shared"}, false},
+		{"blobfs:local", []string{"ro"}, []string{"--read-only"}, false},
 	} {
 		got, err := helperFlags(tc.source, tc.opts)
 		if (err != nil) != tc.err || !slices.Equal(got, tc.want) {

@@ -20,10 +20,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	mountutils "k8s.io/mount-utils"
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/fsmetrics"
 )
 
 // mountConfig is everything `blobfs mount` is told, from flags and the
@@ -48,6 +50,8 @@ type mountConfig struct {
 	create    bool
 	limit     int
 	nonEmpty  bool
+	// metricsAddr, when set, serves the mount's Prometheus metrics.
+	metricsAddr string
 	// POSIX attributes: the flags given explicitly force what every file
 	// shows (forceOwner, forcePerm), as blobfuse2 and rclone do.
 	fileMode, dirMode     uint
@@ -98,6 +102,7 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.IntVar(&c.limit, "restart-limit", 10, "in the background: worker crashes in a row (each within 10s of its start) after which the supervisor stops restarting it")
 	fl.DurationVar(&c.grace, "shutdown-grace", 10*time.Second, "on SIGTERM with files still open, how long to keep serving them (detached) before exiting")
 	fl.BoolVar(&c.nonEmpty, "nonempty", false, "allow mounting over a directory that is not empty (its files are hidden while mounted)")
+	fl.StringVar(&c.metricsAddr, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, e.g. 127.0.0.1:9810 (default: off)")
 }
 
 // octalFlag is a flag given and shown in octal, as umasks are.
@@ -238,7 +243,9 @@ func defaultLocalDir() string {
 
 // openStore builds the store and checks it before anything is mounted. At
 // debug level every store request is logged to logger.
-func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger) (blobstore.Store, string, error) {
+// openStore opens and checks the store. vol, if not nil, counts its
+// requests (each try).
+func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger, vol *fsmetrics.Volume) (blobstore.Store, string, error) {
 	var (
 		raw  blobstore.Store
 		desc string
@@ -285,7 +292,11 @@ func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger) (blobs
 		}
 		raw, desc = l, "local directory "+dir
 	}
-	store := blobstore.NewRetrying(blobstore.NewLogged(raw, logger), c.retry)
+	logged := blobstore.NewLogged(raw, logger)
+	if vol != nil {
+		logged = vol.InstrumentStore(logged)
+	}
+	store := blobstore.NewRetrying(logged, c.retry)
 	cctx, cancel := context.WithTimeout(ctx, c.checkTime)
 	defer cancel()
 	if err := store.Check(cctx); err != nil {
@@ -298,6 +309,17 @@ func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger) (blobs
 		return nil, "", fmt.Errorf("%s: %w", desc, err)
 	}
 	return store, desc, nil
+}
+
+// fsName is the mount's source in /proc/mounts and mount(8)'s output:
+// blobfs:CONTAINER as for the CSI driver's mounts, blobfs:local for a
+// local directory (a path could hold the commas that separate mount
+// options).
+func (c *mountConfig) fsName() string {
+	if c.azureConfigured() {
+		return "blobfs:" + c.azure.Container
+	}
+	return "blobfs:local"
 }
 
 func (c *mountConfig) fsOptions(logger *slog.Logger) (fusefs.Options, error) {
@@ -446,6 +468,10 @@ func backgroundLogFile(mp string) string {
 type keptMount struct {
 	fuseFD int
 	state  *os.File
+	// unservedSince is when the previous worker stopped serving the
+	// mount (zero for the first): the restart's pause ends when this
+	// one serves.
+	unservedSince time.Time
 }
 
 // serve serves the mount at mp until it is unmounted or a signal asks to
@@ -455,7 +481,25 @@ type keptMount struct {
 func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, string), kept *keptMount) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	store, desc, err := c.openStore(ctx, logger)
+	var (
+		metrics *fsmetrics.Metrics
+		vol     *fsmetrics.Volume
+	)
+	if c.metricsAddr != "" {
+		// Listening first: an address in use fails the mount before it
+		// is made, with the flag named.
+		metrics = fsmetrics.New()
+		srv, addr, err := metrics.Serve(c.metricsAddr)
+		if err != nil {
+			err = fmt.Errorf("--metrics-address %s: %w", c.metricsAddr, err)
+			ready(err, "")
+			return err
+		}
+		defer srv.Close()
+		logger.Info("serving metrics", "address", "http://"+addr.String()+"/metrics")
+		vol = metrics.NewVolume(mp)
+	}
+	store, desc, err := c.openStore(ctx, logger, vol)
 	if err != nil {
 		ready(err, "")
 		return err
@@ -485,20 +529,34 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 
 	mo := c.mount
 	mo.ReadOnly = opts.ReadOnly
-	mo.FsName = "blobfs"
+	mo.FsName = c.fsName()
 	mo.Logger = logger
+	var served fuse.RawFileSystem = fsys
+	if metrics != nil {
+		served = metrics.InstrumentFS(fsys)
+		vol.Track(fsys)
+		defer metrics.Untrack(fsys)
+	}
 	var sess *fusefs.Session
 	if kept == nil {
-		sess, err = fusefs.Mount(mp, fsys, mo)
+		sess, err = fusefs.Mount(mp, served, mo)
 	} else {
-		sess, err = fusefs.Serve(mp, kept.fuseFD, fsys, mo)
+		sess, err = fusefs.Serve(mp, kept.fuseFD, served, mo)
 	}
 	if err != nil {
 		ready(err, "")
 		return err
 	}
 	if kept != nil && fsys.AdoptInit() != nil {
-		logger.Info("adopted the live mount", "store", desc, "mountpoint", mp)
+		attrs := []any{"store", desc, "mountpoint", mp}
+		if !kept.unservedSince.IsZero() {
+			pause := time.Since(kept.unservedSince)
+			attrs = append(attrs, "unserved_for", pause.Round(time.Millisecond))
+			if metrics != nil {
+				metrics.ObserveRestartPause(pause)
+			}
+		}
+		logger.Info("adopted the live mount", attrs...)
 	} else {
 		logger.Info("mounted", "store", desc, "mountpoint", mp)
 	}

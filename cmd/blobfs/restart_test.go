@@ -454,6 +454,27 @@ func TestDriverKilledUnderLoad(t *testing.T) {
 	t.Logf("%d files checked in the store", len(want))
 }
 
+// TestRestartPauseMetric: a driver started after its predecessor was
+// killed tells, for the mount it adopts from the keeper, how long it went
+// unserved: a histogram observation between the wait before the new
+// driver started and the whole time from the kill to ready.
+func TestRestartPauseMetric(t *testing.T) {
+	r, target := newPublishedRig(t)
+	addr := freeAddr(t)
+	killed := time.Now()
+	r.stopDriver(syscall.SIGKILL)
+	time.Sleep(500 * time.Millisecond)
+	r.startDriver("--metrics-address=" + addr)
+	upperBound := time.Since(killed)
+	body := scrape(t, addr)
+	n, _ := metricValue(body, "blobfs_restart_pause_seconds_count")
+	sum, _ := metricValue(body, "blobfs_restart_pause_seconds_sum")
+	if n != 1 || sum < 0.5 || sum > upperBound.Seconds() {
+		t.Errorf("restart pauses: %v observations summing to %vs; want 1, between 0.5s and %v:\n%s", n, sum, upperBound, grepMetric(body, "blobfs_restart_pause"))
+	}
+	r.teardown(target)
+}
+
 // restartRepeatedly SIGKILLs the driver n times at random moments and
 // starts it again each time; it returns the moments of the kills.
 func restartRepeatedly(t *testing.T, r *restartRig, n int) []time.Time {

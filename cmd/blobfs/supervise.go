@@ -42,6 +42,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -60,6 +61,10 @@ const (
 
 // workerMode is the hidden subcommand a supervisor runs its worker with.
 const workerMode = "mount-worker"
+
+// unservedEnv tells a restarted worker when the one before it died (Unix
+// nanoseconds): the restart's pause, in its log and metrics.
+const unservedEnv = "BLOBFS_UNSERVED_SINCE"
 
 const (
 	// healthyUptime: a worker that served this long before dying was not
@@ -148,7 +153,7 @@ func supervise(c *mountConfig, mp string, args []string, ready func(error, strin
 		return err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	_, _, err = c.openStore(ctx, logger)
+	_, _, err = c.openStore(ctx, logger, nil)
 	cancel()
 	if err != nil {
 		return err
@@ -174,7 +179,7 @@ func supervise(c *mountConfig, mp string, args []string, ready func(error, strin
 	defer state.Close()
 	mo := c.mount
 	mo.ReadOnly = c.fs.ReadOnly
-	mo.FsName = "blobfs"
+	mo.FsName = c.fsName()
 	mo.Logger = logger
 	_, fd, err := fusefs.MountFD(mp, mo)
 	if err != nil {
@@ -217,7 +222,7 @@ func (s *supervisor) run(ready func(error, string)) error {
 	gone := watchConnection(int(s.fuse.Fd()), s.log)
 
 	var (
-		w         = s.start()
+		w         = s.start(time.Time{})
 		first     = true // the first worker has not served yet
 		crashes   int    // abnormal worker exits in a row
 		stopping  bool   // SIGTERM or SIGINT received
@@ -240,7 +245,7 @@ func (s *supervisor) run(ready func(error, string)) error {
 			wait = nil
 		}
 		if w == nil {
-			w = s.start()
+			w = s.start(down)
 		}
 	}
 	var readyCh <-chan workerReady
@@ -366,9 +371,10 @@ func (s *supervisor) run(ready func(error, string)) error {
 	}
 }
 
-// start starts a worker on the held mount. A worker that cannot even be
-// started is reported like one that died at once.
-func (s *supervisor) start() *worker {
+// start starts a worker on the held mount; down is when the one before it
+// died (zero for the first). A worker that cannot even be started is
+// reported like one that died at once.
+func (s *supervisor) start(down time.Time) *worker {
 	w := &worker{started: time.Now(), ready: make(chan workerReady, 1), exited: make(chan error, 1)}
 	fail := func(err error) *worker {
 		w.ready <- workerReady{err: err}
@@ -380,6 +386,9 @@ func (s *supervisor) start() *worker {
 		return fail(err)
 	}
 	cmd := exec.Command(s.exe, append([]string{workerMode}, s.workerArgs...)...)
+	if !down.IsZero() {
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", unservedEnv, down.UnixNano()))
+	}
 	cmd.ExtraFiles = []*os.File{s.fuse, s.state, pw}
 	cmd.Stdout, cmd.Stderr = s.workerOut, s.workerOut
 	err = cmd.Start()
@@ -501,5 +510,10 @@ func runMountWorker(args []string) error {
 	}
 	logger = logger.With("process", "worker", "pid", os.Getpid())
 	ready := readyReporter(os.NewFile(workerReadyFD, "ready"))
-	return serve(c, mp, logger, ready, &keptMount{fuseFD: workerFuseFD, state: os.NewFile(workerStateFD, "state")})
+	kept := &keptMount{fuseFD: workerFuseFD, state: os.NewFile(workerStateFD, "state")}
+	if ns, err := strconv.ParseInt(os.Getenv(unservedEnv), 10, 64); err == nil {
+		kept.unservedSince = time.Unix(0, ns)
+	}
+	os.Unsetenv(unservedEnv)
+	return serve(c, mp, logger, ready, kept)
 }
