@@ -1,10 +1,14 @@
 # blobfs — build, test, benchmark.
 GO      ?= go
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# The release is the image tag deploy/kustomization.yaml names; a build's
+# version is the release and the commit (blobfs --version, the image's
+# second tag).
+RELEASE := $(shell sed -n 's/^ *newTag: *//p' deploy/kustomization.yaml)
+VERSION ?= $(RELEASE)-$(shell git describe --always --dirty 2>/dev/null || echo dev)
 BIN     := bin/blobfs
 DEMO_MNT ?= /tmp/blobfs
 
-.PHONY: build install demo test test-short test-csi e2e image bench bench-restart lint clean
+.PHONY: build install demo test test-short test-csi e2e image docker-image bench bench-restart lint clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/blobfs
@@ -41,12 +45,24 @@ test-csi:
 # store; torn down afterwards. Root only; one run per machine. One
 # scenario: make e2e E2E_ARGS='-run TestDynamicProvisioning'.
 E2E_ARGS ?=
-e2e: build
-	BLOBFS_E2E=1 BLOBFS_E2E_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 90m -v ./deploy/e2e $(E2E_ARGS)
+e2e: build image
+	BLOBFS_E2E=1 BLOBFS_E2E_BIN=$(CURDIR)/$(BIN) BLOBFS_E2E_IMAGE=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -timeout 90m -v ./deploy/e2e $(E2E_ARGS)
 
-# The container image of the CSI driver (controller and node plugin).
+# The container image of the CSI driver (controller and node plugin), built
+# without a daemon (cmd/blobfs-image): bin/blobfs-image.tar, tagged
+# blobfs:$(RELEASE) (what deploy/ runs) and blobfs:$(VERSION). Load it with
+# `ctr -n k8s.io images import` or `docker load -i`. Reproducible: the same
+# commit gives the same digest.
+IMAGE_TAR ?= bin/blobfs-image.tar
 image:
-	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) -t blobfs:$(VERSION) .
+	mkdir -p bin/image
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags "-s -w -buildid= -X main.version=$(VERSION)" -o bin/image/blobfs ./cmd/blobfs
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) $(GO) run ./cmd/blobfs-image \
+		-binary bin/image/blobfs -version $(VERSION) -tag blobfs:$(RELEASE) -tag blobfs:$(VERSION) -o $(IMAGE_TAR)
+
+# The same image with Docker (deploy/Dockerfile).
+docker-image:
+	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) -t blobfs:$(RELEASE) -t blobfs:$(VERSION) .
 
 test-short:
 	$(GO) test -short ./...

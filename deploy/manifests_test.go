@@ -230,3 +230,57 @@ func TestManifestsFitTogether(t *testing.T) {
 		t.Error("controller: csi-provisioner with --extra-create-metadata missing")
 	}
 }
+
+// TestImageTags: every container of blobfs's image runs the tag the
+// kustomization names, which is the release `make image` tags
+// (Makefile's RELEASE reads it), and never pulls it from a registry.
+func TestImageTags(t *testing.T) {
+	b, err := os.ReadFile("kustomization.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k kustomization
+	if err := yaml.UnmarshalStrict(b, &k); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.Images) != 1 || k.Images[0].Name != "blobfs" || k.Images[0].NewTag == "" || k.Images[0].NewTag == "latest" {
+		t.Fatalf("kustomization images: %+v; want blobfs with a release tag", k.Images)
+	}
+	want := "blobfs:" + k.Images[0].NewTag
+	n := 0
+	for file, objs := range decodeAll(t) {
+		for _, o := range objs {
+			var spec *corev1.PodSpec
+			switch o := o.(type) {
+			case *appsv1.DaemonSet:
+				spec = &o.Spec.Template.Spec
+			case *appsv1.Deployment:
+				spec = &o.Spec.Template.Spec
+			default:
+				continue
+			}
+			for _, c := range append(spec.InitContainers, spec.Containers...) {
+				if c.Image != "blobfs" && !strings.HasPrefix(c.Image, "blobfs:") {
+					continue
+				}
+				n++
+				if c.Image != want {
+					t.Errorf("%s: container %s runs %s; the kustomization (and make image) tag %s", file, c.Name, c.Image, want)
+				}
+				if c.ImagePullPolicy != corev1.PullIfNotPresent {
+					t.Errorf("%s: container %s: imagePullPolicy %q; an imported image needs IfNotPresent", file, c.Name, c.ImagePullPolicy)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no container runs blobfs's image")
+	}
+	mk, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(mk), "-tag blobfs:$(RELEASE)") || !strings.Contains(string(mk), "newTag") {
+		t.Error("Makefile: make image does not tag blobfs:$(RELEASE) read from the kustomization's newTag")
+	}
+}
