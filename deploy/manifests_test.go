@@ -5,9 +5,11 @@ package deploy
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -34,6 +36,8 @@ func newObject(apiVersion, kind string) any {
 		return &corev1.PersistentVolumeClaim{}
 	case "v1/Pod":
 		return &corev1.Pod{}
+	case "v1/Service":
+		return &corev1.Service{}
 	case "apps/v1/Deployment":
 		return &appsv1.Deployment{}
 	case "apps/v1/DaemonSet":
@@ -228,6 +232,41 @@ func TestManifestsFitTogether(t *testing.T) {
 	}
 	if !prov {
 		t.Error("controller: csi-provisioner with --extra-create-metadata missing")
+	}
+	// Each component's metrics Service selects its pods and reaches their
+	// named metrics port.
+	for _, w := range []struct {
+		labels map[string]string
+		spec   corev1.PodSpec
+	}{{ds.Spec.Template.Labels, ds.Spec.Template.Spec}, {dep.Spec.Template.Labels, dep.Spec.Template.Spec}} {
+		found := false
+		for _, objs := range all {
+			for _, o := range objs {
+				svc, ok := o.(*corev1.Service)
+				if !ok || len(svc.Spec.Selector) == 0 {
+					continue
+				}
+				selected := true
+				for k, v := range svc.Spec.Selector {
+					selected = selected && w.labels[k] == v
+				}
+				if !selected {
+					continue
+				}
+				for _, p := range svc.Spec.Ports {
+					for _, c := range w.spec.Containers {
+						for _, cp := range c.Ports {
+							if cp.Name == p.TargetPort.String() && cp.Name == "metrics" && slices.Contains(c.Args, fmt.Sprintf("--metrics-address=:%d", cp.ContainerPort)) {
+								found = true
+							}
+						}
+					}
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no metrics Service reaches the metrics port of the pods labelled %v", w.labels)
+		}
 	}
 }
 
