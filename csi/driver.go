@@ -146,6 +146,9 @@ type Driver struct {
 	// unhealthy counts volumes whose last check found a dead mount.
 	unhealthyMu sync.Mutex
 	unhealthy   map[string]string // volume id -> reason
+	// repairReported: the repair failure last logged, per volume
+	// (reportRepairFailure); guarded by unhealthyMu.
+	repairReported map[string]string
 }
 
 var driverNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
@@ -197,16 +200,17 @@ func New(cfg Config) (*Driver, error) {
 		}
 	}
 	d := &Driver{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		kubeletDir: cfg.KubeletDir,
-		containers: cfg.Containers,
-		secrets:    cfg.Secrets,
-		metrics:    cfg.Metrics,
-		locks:      newVolumeLocks(),
-		socketPath: sock,
-		creds:      map[string]credentials{},
-		unhealthy:  map[string]string{},
+		cfg:            cfg,
+		log:            cfg.Logger,
+		kubeletDir:     cfg.KubeletDir,
+		containers:     cfg.Containers,
+		secrets:        cfg.Secrets,
+		metrics:        cfg.Metrics,
+		locks:          newVolumeLocks(),
+		socketPath:     sock,
+		creds:          map[string]credentials{},
+		unhealthy:      map[string]string{},
+		repairReported: map[string]string{},
 	}
 	if cfg.Node {
 		if cfg.NodeID == "" {

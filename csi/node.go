@@ -748,6 +748,17 @@ func (d *Driver) credsFor(ctx context.Context, rec VolumeRecord) (credentials, e
 	if ok {
 		return c, nil
 	}
+	readSecret := func(ns, name string) (credentials, error) {
+		data, err := d.secrets.GetSecret(ctx, ns, name)
+		if err != nil {
+			return credentials{}, storeError("read secret", err)
+		}
+		c, err := parseSecrets(data, "secret "+ns+"/"+name)
+		if err != nil {
+			return c, invalid("%v", err)
+		}
+		return c, nil
+	}
 	switch src := rec.CredentialSource; {
 	case src == "identity":
 		return credentials{}, nil
@@ -756,18 +767,26 @@ func (d *Driver) credsFor(ctx context.Context, rec VolumeRecord) (credentials, e
 		if d.secrets == nil {
 			return c, status.Errorf(codes.FailedPrecondition, "secret %s/%s: no access to the Kubernetes API", ns, name)
 		}
-		data, err := d.secrets.GetSecret(ctx, ns, name)
-		if err != nil {
-			return c, storeError("read secret", err)
-		}
-		c, err := parseSecrets(data, "secret "+ns+"/"+name)
-		if err != nil {
-			return c, invalid("%v", err)
-		}
-		return c, nil
+		return readSecret(ns, name)
 	}
-	return c, status.Errorf(codes.Unavailable,
-		"volume %q lost its mount when the driver restarted, and its credentials came with NodeStageVolume and are not stored: restart the pod (or use secretName/identity credentials, which the driver can fetch again)", rec.VolumeID)
+	// The credentials came with NodeStageVolume: kubelet read them from
+	// the PersistentVolume's nodeStageSecretRef, and so can the driver.
+	refs, ok := d.secrets.(StageSecretRefs)
+	if !ok {
+		return c, status.Errorf(codes.Unavailable,
+			"volume %q lost its mount, and its credentials came with NodeStageVolume and the driver has no access to the Kubernetes API to read them again: it waits for kubelet to stage the volume (a new pod using it)", rec.VolumeID)
+	}
+	ns, name, err := refs.StageSecretRef(ctx, d.cfg.DriverName, rec.VolumeID)
+	if err != nil {
+		return c, status.Errorf(codes.Unavailable,
+			"volume %q lost its mount, and its credentials came with NodeStageVolume: %v; it waits for kubelet to stage the volume (a new pod using it)", rec.VolumeID, err)
+	}
+	c, err = readSecret(ns, name)
+	if err == nil {
+		d.log.Info("read the credentials of a volume again from its PersistentVolume's nodeStageSecretRef", "volume", rec.VolumeID, "secret", ns+"/"+name)
+		d.setCreds(rec.VolumeID, c)
+	}
+	return c, err
 }
 
 // remount mounts a recorded volume again at path (its staging path, or an

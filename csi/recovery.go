@@ -114,9 +114,8 @@ func (d *Driver) checkVolume(ctx context.Context, rec VolumeRecord) {
 				d.markUnhealthy(rec.VolumeID, "target is a symlink")
 				continue
 			}
-			d.log.Warn("inline volume's mount is gone", "volume", rec.VolumeID, "target", target, "state", st.State, "err", st.Err)
 			if err := d.remount(ctx, rec, "target_path", target, st); err != nil {
-				d.log.Error("cannot mount inline volume again", "volume", rec.VolumeID, "err", err)
+				d.logRepairFailure(rec, "inline volume's mount is gone and cannot be mounted again yet", target, st, err)
 			}
 		}
 		return
@@ -128,9 +127,8 @@ func (d *Driver) checkVolume(ctx context.Context, rec VolumeRecord) {
 		return
 	}
 	if st.State != PathMounted {
-		d.log.Warn("staging mount is gone", "volume", rec.VolumeID, "path", rec.StagingPath, "state", st.State, "err", st.Err)
 		if err := d.remount(ctx, rec, "staging_target_path", rec.StagingPath, st); err != nil {
-			d.log.Error("cannot mount volume again", "volume", rec.VolumeID, "err", err)
+			d.logRepairFailure(rec, "staging mount is gone and cannot be mounted again yet", rec.StagingPath, st, err)
 			if st.State == PathCorrupted {
 				// Leave no dead mount: kubelet cannot stage over one.
 				if mp, err := d.openMountPoint("staging_target_path", rec.StagingPath, false); err == nil {
@@ -196,6 +194,19 @@ func (d *Driver) checkTarget(ctx context.Context, rec *VolumeRecord, smp *MountP
 	d.log.Info("target bind-mounted again", "volume", rec.VolumeID, "target", target)
 }
 
+// logRepairFailure says that a volume's mount could not be repaired: at
+// error level the first time for a reason, at debug level on the retries
+// of every health check after it.
+func (d *Driver) logRepairFailure(rec VolumeRecord, msg, path string, st PathStatus, err error) {
+	attrs := []any{"volume", rec.VolumeID, "path", path, "state", st.State, "err", msgOf(err), "retry_every", d.cfg.HealthInterval}
+	d.markUnhealthy(rec.VolumeID, msgOf(err))
+	if d.reportRepairFailure(rec.VolumeID, msgOf(err)) {
+		d.log.Error(msg, attrs...)
+		return
+	}
+	d.log.Debug(msg, attrs...)
+}
+
 // msgOf is an error's message, its gRPC status's if it has one.
 func msgOf(err error) string {
 	if err == nil {
@@ -210,10 +221,24 @@ func (d *Driver) markUnhealthy(volumeID, reason string) {
 	d.unhealthy[volumeID] = reason
 }
 
+// reportRepairFailure reports whether a failed repair of the volume for
+// this reason is news (not said since the volume was last healthy): the
+// health check retries every interval, and says so once, not every time.
+func (d *Driver) reportRepairFailure(volumeID, reason string) bool {
+	d.unhealthyMu.Lock()
+	defer d.unhealthyMu.Unlock()
+	if d.repairReported[volumeID] == reason {
+		return false
+	}
+	d.repairReported[volumeID] = reason
+	return true
+}
+
 func (d *Driver) markHealthy(volumeID string) {
 	d.unhealthyMu.Lock()
 	defer d.unhealthyMu.Unlock()
 	delete(d.unhealthy, volumeID)
+	delete(d.repairReported, volumeID)
 }
 
 // mountCounts feeds blobfs_mounts.

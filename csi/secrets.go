@@ -64,6 +64,29 @@ func InClusterSecrets() (SecretGetter, error) {
 }
 
 func (k *kubeSecrets) GetSecret(ctx context.Context, namespace, name string) (map[string]string, error) {
+	what := "secret " + namespace + "/" + name
+	body, err := k.get(ctx, "/api/v1/namespaces/"+url.PathEscape(namespace)+"/secrets/"+url.PathEscape(name), what)
+	if err != nil {
+		return nil, err
+	}
+	// data values are base64 in JSON; []byte decodes them.
+	var s struct {
+		Data map[string][]byte `json:"data"`
+	}
+	if err := json.Unmarshal(body, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	out := make(map[string]string, len(s.Data))
+	for k, v := range s.Data {
+		out[k] = string(v)
+	}
+	return out, nil
+}
+
+// get GETs path from the API server. Not found is errNotFoundOnServer
+// (ErrSecretNotFound for a Secret); another answer than 200 an error with
+// the server's message (a Status object, without secret data).
+func (k *kubeSecrets) get(ctx context.Context, path, what string) ([]byte, error) {
 	token := k.token
 	if k.tokenFile != "" {
 		b, err := os.ReadFile(k.tokenFile) // projected tokens rotate
@@ -72,8 +95,7 @@ func (k *kubeSecrets) GetSecret(ctx context.Context, namespace, name string) (ma
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	u := k.host + "/api/v1/namespaces/" + url.PathEscape(namespace) + "/secrets/" + url.PathEscape(name)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.host+path, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -83,33 +105,73 @@ func (k *kubeSecrets) GetSecret(ctx context.Context, namespace, name string) (ma
 	req.Header.Set("Accept", "application/json")
 	resp, err := k.hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("get secret %s/%s: %w", namespace, name, err)
+		return nil, fmt.Errorf("get %s: %w", what, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return nil, fmt.Errorf("get secret %s/%s: %w", namespace, name, err)
+		return nil, fmt.Errorf("get %s: %w", what, err)
 	}
 	switch resp.StatusCode {
 	case http.StatusOK:
+		return body, nil
 	case http.StatusNotFound:
-		return nil, fmt.Errorf("secret %s/%s: %w", namespace, name, ErrSecretNotFound)
-	default:
-		// The body is a Status object without secret data.
-		return nil, fmt.Errorf("get secret %s/%s: API server says %s: %s", namespace, name, resp.Status, clip(string(body), 300))
+		if strings.Contains(path, "/secrets/") {
+			return nil, fmt.Errorf("%s: %w", what, ErrSecretNotFound)
+		}
+		return nil, fmt.Errorf("%s: not found", what)
 	}
-	// data values are base64 in JSON; []byte decodes them.
-	var s struct {
-		Data map[string][]byte `json:"data"`
+	return nil, fmt.Errorf("get %s: API server says %s: %s", what, resp.Status, clip(string(body), 300))
+}
+
+// StageSecretRefs finds the Secret that a PersistentVolume names for
+// NodeStageVolume (spec.csi.nodeStageSecretRef). kubelet gives those
+// credentials only in the request, and does not stage again after the
+// driver restarts: when the mount died too (the driver and its keeper
+// both killed), this is how the driver gets them back by itself.
+type StageSecretRefs interface {
+	StageSecretRef(ctx context.Context, driver, volumeHandle string) (namespace, name string, err error)
+}
+
+// ErrNoStageSecretRef: no PersistentVolume of the driver has the volume
+// handle, or the one that has it names no nodeStageSecretRef.
+var ErrNoStageSecretRef = errors.New("no PersistentVolume of this driver names a nodeStageSecretRef for the volume")
+
+// StageSecretRef lists the PersistentVolumes (the handle is not a field
+// the API server can select on; this runs only when a mount is repaired)
+// and returns the nodeStageSecretRef of the one with the handle.
+func (k *kubeSecrets) StageSecretRef(ctx context.Context, driver, volumeHandle string) (string, string, error) {
+	body, err := k.get(ctx, "/api/v1/persistentvolumes", "persistentvolumes")
+	if err != nil {
+		return "", "", err
 	}
-	if err := json.Unmarshal(body, &s); err != nil {
-		return nil, fmt.Errorf("secret %s/%s: %w", namespace, name, err)
+	var list struct {
+		Items []struct {
+			Spec struct {
+				CSI *struct {
+					Driver             string `json:"driver"`
+					VolumeHandle       string `json:"volumeHandle"`
+					NodeStageSecretRef *struct {
+						Name      string `json:"name"`
+						Namespace string `json:"namespace"`
+					} `json:"nodeStageSecretRef"`
+				} `json:"csi"`
+			} `json:"spec"`
+		} `json:"items"`
 	}
-	out := make(map[string]string, len(s.Data))
-	for k, v := range s.Data {
-		out[k] = string(v)
+	if err := json.Unmarshal(body, &list); err != nil {
+		return "", "", fmt.Errorf("persistentvolumes: %w", err)
 	}
-	return out, nil
+	for _, pv := range list.Items {
+		c := pv.Spec.CSI
+		if c == nil || c.Driver != driver || c.VolumeHandle != volumeHandle {
+			continue
+		}
+		if r := c.NodeStageSecretRef; r != nil && r.Name != "" {
+			return r.Namespace, r.Name, nil
+		}
+	}
+	return "", "", ErrNoStageSecretRef
 }
 
 // KubeconfigSecrets returns a SecretGetter that reads Secrets with the

@@ -574,6 +574,13 @@ func TestKeeperAndDriverKilled(t *testing.T) {
 	if !stats.GetVolumeCondition().GetAbnormal() {
 		t.Errorf("a dead mount is reported healthy: %v", stats.GetVolumeCondition())
 	}
+	// The health check (every second here) retries, and says why it
+	// cannot repair once, not every time.
+	time.Sleep(3500 * time.Millisecond)
+	if b, _ := os.ReadFile(r.driverLog.Name()); strings.Count(string(b), "staging mount is gone and cannot be mounted again yet") != 1 {
+		t.Errorf("the failed repair is logged %d times in 3.5 s of health checks; want once:\n%s",
+			strings.Count(string(b), "staging mount is gone and cannot be mounted again yet"), linesContaining(string(b), "level=ERROR"))
+	}
 	target2, err := r.publish("pod-b", r.secrets())
 	if err != nil {
 		t.Fatalf("NodePublishVolume for a new pod after both died: %v", err)
