@@ -53,10 +53,17 @@ func (d *Driver) adoptMounts(ctx context.Context) {
 // recover runs once at start-up, before Probe reports ready.
 func (d *Driver) recover(ctx context.Context) {
 	recs := d.state.List()
-	if len(recs) > 0 {
-		d.log.Info("recovering node state", "volumes", len(recs))
+	if len(recs) == 0 {
+		return
 	}
+	start := time.Now()
+	d.log.Info("recovering node state", "volumes", len(recs))
 	d.checkMounts(ctx)
+	d.unhealthyMu.Lock()
+	waiting := len(d.unhealthy)
+	d.unhealthyMu.Unlock()
+	d.log.Info("node state recovered", "volumes", len(recs), "serving", len(recs)-waiting, "unhealthy", waiting,
+		"took", time.Since(start).Round(time.Millisecond))
 }
 
 // healthLoop checks the mounts every HealthInterval until ctx ends.
