@@ -22,6 +22,7 @@ package blobstore
 import (
 	"bytes"
 	"context"
+	"crypto/md5"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/xml"
@@ -219,8 +220,9 @@ func (a *Azure) Put(ctx context.Context, name string, data []byte, opts PutOptio
 		return Attrs{}, err
 	}
 	resp, err := a.client.NewBlockBlobClient(name).Upload(ctx, streaming.NopCloser(bytes.NewReader(data)), &blockblob.UploadOptions{
-		Metadata:         toAzureMetadata(opts.Metadata),
-		AccessConditions: accessConditions(opts.Conditions),
+		Metadata:                toAzureMetadata(opts.Metadata),
+		AccessConditions:        accessConditions(opts.Conditions),
+		TransactionalValidation: contentMD5(data),
 	})
 	if err != nil {
 		return Attrs{}, mapAzureError(ctx, OpPut, name, opts.Conditions, err)
@@ -243,8 +245,20 @@ func (a *Azure) StageBlock(ctx context.Context, name, blockID string, data []byt
 	if err := validateBlockID(blockID); err != nil {
 		return err
 	}
-	_, err := a.client.NewBlockBlobClient(name).StageBlock(ctx, blockID, streaming.NopCloser(bytes.NewReader(data)), nil)
+	_, err := a.client.NewBlockBlobClient(name).StageBlock(ctx, blockID, streaming.NopCloser(bytes.NewReader(data)), &blockblob.StageBlockOptions{
+		TransactionalValidation: contentMD5(data),
+	})
 	return mapAzureError(ctx, OpStageBlock, name, Conditions{}, err)
+}
+
+// contentMD5 is the Content-MD5 of a request body: the service checks it
+// against what it received and refuses the request (Md5Mismatch, which is
+// retried) when a byte changed on the way, as rclone, azcopy --put-md5 and
+// blobfuse2's validate-md5 do. For a Put Blob it is also kept as the
+// blob's Content-MD5.
+func contentMD5(data []byte) blob.TransferValidationType {
+	sum := md5.Sum(data)
+	return blob.TransferValidationTypeMD5(sum[:])
 }
 
 // CommitBlocks implements Store with Put Block List, followed by a Get Blob
@@ -647,6 +661,9 @@ func azureStatusKind(status int, code bloberror.Code) error {
 	case code == bloberror.InvalidResourceName:
 		return ErrInvalidName
 	case status == http.StatusRequestTimeout, status >= 500:
+		return ErrTransient
+	case code == bloberror.MD5Mismatch:
+		// The body changed on the way: sending it again may work.
 		return ErrTransient
 	}
 	return nil
