@@ -126,7 +126,10 @@ func TestBadInput(t *testing.T) {
 				{"CreateVolume/no name", create(func(r *csipb.CreateVolumeRequest) { r.Name = "" }), codes.InvalidArgument, "name"},
 				{"CreateVolume/no capabilities", create(func(r *csipb.CreateVolumeRequest) { r.VolumeCapabilities = nil }), codes.InvalidArgument, "volume_capabilities"},
 				{"CreateVolume/block", create(func(r *csipb.CreateVolumeRequest) { r.VolumeCapabilities = []*csipb.VolumeCapability{block} }), codes.InvalidArgument, "block"},
-				{"CreateVolume/unknown parameter", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "skuName", "Premium") }), codes.InvalidArgument, `"skuName"`},
+				{"CreateVolume/unknown parameter", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "skuNmae", "Premium_LRS") }), codes.InvalidArgument, `"skuNmae"; did you mean "skuName"?`},
+				{"CreateVolume/skuName without an account", create(func(r *csipb.CreateVolumeRequest) {
+					r.Parameters, r.Secrets = map[string]string{"skuName": "Premium_LRS"}, nil
+				}), codes.InvalidArgument, "skuName=Premium_LRS: blobfs does not create storage accounts"},
 				{"CreateVolume/protocol nfs", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "protocol", "nfs") }), codes.InvalidArgument, "nfs"},
 				{"CreateVolume/bad account", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "storageAccount", "Bad_Account") }), codes.InvalidArgument, "storageAccount"},
 				{"CreateVolume/bad container name", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "containerName", "Bad--Name") }), codes.InvalidArgument, "containerName"},
@@ -178,7 +181,7 @@ func TestBadInput(t *testing.T) {
 				{"NodeStageVolume/ext4", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = ext4 }), codes.InvalidArgument, "fs_type"},
 				{"NodeStageVolume/no access mode", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = noMode }), codes.InvalidArgument, "access_mode"},
 				{"NodeStageVolume/malformed id", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeId = "pvc-123" }), codes.InvalidArgument, "volume_id"},
-				{"NodeStageVolume/unknown mount option", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = mountCap(rwx, "file-cache-timeout=120") }), codes.InvalidArgument, "file-cache-timeout"},
+				{"NodeStageVolume/unknown mount option", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = mountCap(rwx, "streaming=true") }), codes.InvalidArgument, "streaming"},
 				{"NodeStageVolume/mount group not a number", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = groupCap(rwx, "staff") }), codes.InvalidArgument, "volume_mount_group"},
 				{"NodeStageVolume/mount group -1", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = groupCap(rwx, "-1") }), codes.InvalidArgument, "volume_mount_group"},
 				{"NodeStageVolume/bad mount option value", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = mountCap(rwx, "block-cache-mb=lots") }), codes.InvalidArgument, "block-cache-mb"},

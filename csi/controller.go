@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -46,6 +47,9 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csipb.CreateVolumeReques
 	p, err := parseParams(req.GetParameters(), "parameters")
 	if err != nil {
 		return nil, invalid("%v", err)
+	}
+	if p.SecretName != "" {
+		p.SecretNamespace = p.secretNamespaceFor("")
 	}
 	if _, err := parseMountOptions(p.MountOptions, "parameters[mountOptions]"); err != nil {
 		return nil, invalid("%v", err)
@@ -92,6 +96,14 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeReques
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is missing")
 	}
+	if _, err := parseBlobCSIHandle(req.GetVolumeId()); err == nil && !strings.HasPrefix(req.GetVolumeId(), volumeIDPrefix+"#") {
+		// blobfs did not create that container (blob-csi-driver did, or
+		// a user who moved the PV over): deleting data it never made is
+		// not its to do. The provisioner calls this only for volumes it
+		// provisioned, so this takes a PV edited by hand.
+		d.log.Warn("DeleteVolume of a blob-csi-driver volume: blobfs did not create its container and keeps it; delete it with Azure's tools if it is no longer wanted", "volume", req.GetVolumeId())
+		return &csipb.DeleteVolumeResponse{}, nil
+	}
 	id, err := parseVolumeID(req.GetVolumeId())
 	if err != nil {
 		// No volume of this driver has this id, so it does not exist:
@@ -129,7 +141,8 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csipb.Vali
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, invalid("volume_capabilities is missing")
 	}
-	id, err := parseVolumeID(req.GetVolumeId())
+	p, perr := parseParams(req.GetVolumeContext(), "volume_context")
+	id, err := idOfHandle(req.GetVolumeId(), p)
 	if err != nil {
 		return nil, invalid("volume_id: %v", err)
 	}
@@ -137,7 +150,6 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csipb.Vali
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
-	p, perr := parseParams(req.GetVolumeContext(), "volume_context")
 	cfg, err := azureConfig(id, creds, p)
 	if err != nil {
 		return nil, invalid("credentials: %v", err)
@@ -169,6 +181,27 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csipb.Vali
 		VolumeCapabilities: req.GetVolumeCapabilities(),
 		Parameters:         req.GetParameters(),
 	}}, nil
+}
+
+// idOfHandle names the container of a volume id: blobfs's, or one in
+// blob-csi-driver's RG#ACCOUNT#CONTAINER#... format (at the endpoint p's
+// server or storageEndpointSuffix gives, else the public cloud's).
+func idOfHandle(handle string, p volumeParams) (volumeID, error) {
+	id, err := parseVolumeID(handle)
+	if err == nil || strings.HasPrefix(handle, volumeIDPrefix+"#") {
+		return id, err
+	}
+	h, herr := parseBlobCSIHandle(handle)
+	if herr != nil {
+		return volumeID{}, herr
+	}
+	p.StorageAccount = h.Account
+	_, endpoint, err := p.target(credentials{})
+	if err != nil {
+		return volumeID{}, err
+	}
+	id = volumeID{Account: h.Account, Container: h.Container, Endpoint: endpoint}
+	return id, id.check()
 }
 
 // checkCapability accepts mount access of any access mode (a container
@@ -234,6 +267,11 @@ func (d *Driver) credentialsFor(ctx context.Context, secrets map[string]string, 
 			return credentials{}, "", status.Errorf(codes.FailedPrecondition, "secretName %s/%s: the driver has no access to the Kubernetes API (not running in a pod); pass the secret through the provisioner or node-stage secret instead", ns, p.SecretName)
 		}
 		data, err := d.secrets.GetSecret(ctx, ns, p.SecretName)
+		if errors.Is(err, ErrSecretNotFound) {
+			// blob-csi-driver writes the account key into secretName
+			// (storeAccountKey); blobfs has no key to write.
+			return credentials{}, "", status.Errorf(codes.FailedPrecondition, "secretName %s/%s: the Secret does not exist; blobfs reads credentials from it and does not create it (unlike blob-csi-driver's storeAccountKey): create it with %s and a key or SAS token", ns, p.SecretName, secretAccountName)
+		}
 		if err != nil {
 			return credentials{}, "", storeError("read secret", err)
 		}

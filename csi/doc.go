@@ -9,7 +9,9 @@
 //
 // Layout: driver.go (Config, New, Run, interceptors, Identity),
 // controller.go, node.go, params.go (parameters, secrets, mount options),
-// volumeid.go (the volume id format), nodestate.go (the persisted node
+// blobcsi.go (the Azure Blob CSI driver's parameters, secret keys and
+// mount options that blobfs accepts or refuses), volumeid.go (the volume
+// id formats, blobfs's and that driver's), nodestate.go (the persisted node
 // state), mounter.go (the Mounter interface and the in-process blobfs
 // mounter), recovery.go (start-up recovery and the health check),
 // metrics.go, secrets.go (reading Secrets from the API server).

@@ -48,6 +48,9 @@ func FuzzRequests(f *testing.F) {
 	f.Add(uint8(5), "blobfs1#a#b#c#d#e", kubelet+"/../x", "secretName", "s", "attr-timeout=-1s", secretSASToken, "?sv=1&sig=x")
 	f.Add(uint8(6), "\x00", "relative/path", "csi.storage.k8s.io/pod.namespace", "ns", "umask=8888", "", "")
 	f.Add(uint8(7), good.String(), stagingOK, "containerNamePrefix", "a--b", "fuse-readers=999", secretAccountName, "devstoreaccount1")
+	// blob-csi-driver's handle, parameters, blobfuse options and secret keys.
+	f.Add(uint8(0), "rg#devstoreaccount1#fuzz-data#uuid#ns", stagingOK, "skuName", "Premium_LRS", "-o allow_other --file-cache-timeout-in-seconds=120", "msisecret", "not-used")
+	f.Add(uint8(4), "rg#devstoreaccount1#fuzz-data", stagingOK, "keyVaultURL", "https://kv.vault.azure.net/", "--use-adls=true", "azurestoragespnclientsecret", "s3cret-value")
 
 	f.Fuzz(func(t *testing.T, op uint8, volID, path, k, v, flag, sk, sv string) {
 		ctx := context.Background()

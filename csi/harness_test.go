@@ -326,11 +326,14 @@ func (f *fakeMounter) count() int {
 	return len(f.mounts)
 }
 
-// fakeContainers is an in-memory blob service with one valid key.
+// fakeContainers is an in-memory blob service with one valid key, and
+// optionally one valid SAS token and a working Azure AD identity.
 type fakeContainers struct {
-	mu   sync.Mutex
-	key  string
-	have map[string]bool // account/container
+	mu       sync.Mutex
+	key      string
+	sas      string          // accepted SAS token; "" accepts none
+	identity bool            // Azure AD sign-in works
+	have     map[string]bool // account/container
 }
 
 func newFakeContainers() *fakeContainers {
@@ -341,7 +344,14 @@ func (f *fakeContainers) auth(cfg blobstore.AzureConfig) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if cfg.Key != f.key {
+	f.mu.Lock()
+	sas, identity := f.sas, f.identity
+	f.mu.Unlock()
+	switch {
+	case cfg.Key == f.key:
+	case sas != "" && cfg.SASToken == sas:
+	case identity && cfg.Auth == blobstore.AzureAuthAzureAD:
+	default:
 		return fmt.Errorf("fake: %w", blobstore.ErrUnauthorized)
 	}
 	return nil

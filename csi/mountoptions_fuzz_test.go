@@ -19,6 +19,7 @@ func FuzzMountOptions(f *testing.F) {
 		"read-block-mb=256", "umask=8888", "attr-timeout=-1s", "--upload-block-mb=4000", "prefetch-files=0",
 		"fuse-readers=999", "list-timeout=0", "ro=maybe", "cache-dir=/", "a,,b", "\x00", "gid=4294967294",
 		"retry-max-delay=25h", "readahead-blocks=1024,block-cache-mb=16",
+		"-o allow_other --file-cache-timeout-in-seconds=120", "-o attr_timeout=120", "--use-adls=true", "-o\n-o", "--cache-size-mb=1000",
 	} {
 		f.Add(seed)
 	}

@@ -67,16 +67,17 @@ type nodeVolume struct {
 
 // resolveVolume validates what a stage or an ephemeral publish needs and
 // works out the container and credentials. The volume id names the
-// container; for a static volume whose id is not blobfs's (as the Azure
-// Blob CSI driver allows), and for inline volumes, volume_context does:
-// containerName, storageAccount (or the secret's account), server.
+// container when it is blobfs's. Any other id is taken as the Azure Blob
+// CSI driver takes it: volume_context containerName, storageAccount (or
+// the secret's account) and server say which container, and a handle in
+// its RG#ACCOUNT#CONTAINER#... format names what they leave out
+// (blobcsi.go). Inline volumes are named by volume_context alone.
 func (d *Driver) resolveVolume(ctx context.Context, volID string, volCtx, secrets map[string]string, c *csipb.VolumeCapability, readOnly bool) (nodeVolume, error) {
 	v := nodeVolume{volumeID: volID}
 	p, err := parseParams(volCtx, "volume_context")
 	if err != nil {
 		return v, invalid("%v", err)
 	}
-	v.params = p
 	ro, flags, err := checkCapability("volume_capability", c)
 	if err != nil {
 		return v, err
@@ -89,10 +90,32 @@ func (d *Driver) resolveVolume(ctx context.Context, volID string, volCtx, secret
 	if v.mountGroup, err = mountGroupOf("volume_capability", c); err != nil {
 		return v, err
 	}
+	if v.mountGroup != "" && p.NoFSGroup {
+		d.log.Info("volume_mount_group (the pod's fsGroup) is not applied: fsGroupChangePolicy is None", "volume", volID, "group", v.mountGroup)
+		v.mountGroup = ""
+	}
 	if v.mountGroup != "" && v.settings.FS.ForceOwner {
 		d.log.Info("volume_mount_group (the pod's fsGroup) is not applied: the volume's mount options set the owner", "volume", volID, "group", v.mountGroup)
 		v.mountGroup = ""
 	}
+
+	id, idErr := parseVolumeID(volID)
+	// foreign: a persistent volume whose id is not blobfs's. h is its
+	// handle when that is in blob-csi-driver's format (hErr nil).
+	foreign := idErr != nil && !p.Ephemeral
+	var h blobCSIHandle
+	hErr := idErr
+	if foreign && !strings.HasPrefix(volID, volumeIDPrefix+"#") {
+		h, hErr = parseBlobCSIHandle(volID)
+	}
+	if foreign && hErr != nil && p.ContainerName == "" {
+		return v, invalid("volume_id: %v", hErr)
+	}
+	if !p.Ephemeral && p.SecretName != "" {
+		p.SecretNamespace = p.secretNamespaceFor(h.SecretNamespace)
+	}
+	v.params = p
+
 	podNS := ""
 	if p.Ephemeral {
 		podNS = p.PodNamespace
@@ -101,25 +124,44 @@ func (d *Driver) resolveVolume(ctx context.Context, volID string, volCtx, secret
 	if err != nil {
 		return v, err
 	}
-	id, idErr := parseVolumeID(volID)
+	if foreign && v.source == "identity" && !azureADAuthType(p.AuthType) {
+		account := p.StorageAccount
+		if account == "" {
+			account = h.Account
+		}
+		if v.creds, v.source, err = d.blobCSISecret(ctx, account, p.secretNamespaceFor(h.SecretNamespace)); err != nil {
+			return v, err
+		}
+	}
 	switch {
-	case idErr == nil && !p.Ephemeral:
+	case !foreign && !p.Ephemeral:
 		if p.ContainerName != "" && p.ContainerName != id.Container || p.StorageAccount != "" && p.StorageAccount != id.Account {
 			return v, invalid("volume_context: containerName/storageAccount %q/%q contradict the volume id's %q/%q", p.ContainerName, p.StorageAccount, id.Container, id.Account)
 		}
-	case p.ContainerName != "":
-		account, endpoint, err := p.target(v.creds)
+	case p.Ephemeral && p.ContainerName == "":
+		return v, invalid("volume_context: an inline volume needs containerName (and storageAccount or a secret naming the account)")
+	default:
+		// volume_context first, then the handle, as blob-csi-driver.
+		q := p
+		if q.ContainerName == "" {
+			q.ContainerName = h.Container
+		}
+		if q.StorageAccount == "" && v.creds.Account == "" {
+			q.StorageAccount = h.Account
+		}
+		account, endpoint, err := q.target(v.creds)
 		if err != nil {
 			return v, invalid("volume_context: %v", err)
 		}
-		id = volumeID{Account: account, Container: p.ContainerName, Endpoint: endpoint}
+		id = volumeID{Account: account, Container: q.ContainerName, Endpoint: endpoint}
 		if err := id.check(); err != nil {
 			return v, invalid("volume_context: %v", err)
 		}
-	case p.Ephemeral:
-		return v, invalid("volume_context: an inline volume needs containerName (and storageAccount or a secret naming the account)")
-	default:
-		return v, invalid("volume_id: %v; or give volume_context containerName for a static volume", idErr)
+	}
+	if p.Ephemeral && (azureADAuthType(p.AuthType) || p.AuthType == "" && v.creds.empty()) {
+		// A Secret with only an account name (or msisecret), or an
+		// Azure AD auth type, would borrow the driver's identity.
+		return v, invalid("credentials: an inline volume needs an account key, SAS token or connection string in its Secret; the driver's own Azure AD identity is not lent to inline volumes")
 	}
 	v.id = id
 	v.cfg, err = azureConfig(id, v.creds, p)
@@ -127,6 +169,43 @@ func (d *Driver) resolveVolume(ctx context.Context, volID string, volCtx, secret
 		return v, invalid("credentials: %v", err)
 	}
 	return v, nil
+}
+
+// azureADAuthType: the volume asks for Azure AD (the driver's identity),
+// not a key.
+func azureADAuthType(t string) bool {
+	switch t {
+	case "msi", "workloadidentity", "spn", blobstore.AzureAuthAzureAD:
+		return true
+	}
+	return false
+}
+
+// blobCSISecret reads the Secret blob-csi-driver keeps an account's key in
+// (blobCSISecretName), for a volume with a handle of its making that came
+// with no credentials. When it does not exist, or the driver has no
+// Kubernetes API to ask (it runs outside a cluster), the driver's identity
+// is used, as blob-csi-driver then uses its cluster identity; any other
+// failure to read it is Unavailable (kubelet retries). It returns the
+// credentials and where they came from.
+func (d *Driver) blobCSISecret(ctx context.Context, account, ns string) (credentials, string, error) {
+	if d.secrets == nil || account == "" {
+		return credentials{}, "identity", nil
+	}
+	name := blobCSISecretName(account)
+	data, err := d.secrets.GetSecret(ctx, ns, name)
+	switch {
+	case errors.Is(err, ErrSecretNotFound):
+		return credentials{}, "identity", nil
+	case err != nil:
+		return credentials{}, "", status.Errorf(codes.Unavailable, "read blob-csi-driver's account key Secret %s/%s: %v", ns, name, err)
+	}
+	c, err := parseSecrets(data, fmt.Sprintf("secret %s/%s", ns, name))
+	if err != nil {
+		return c, "", invalid("%v", err)
+	}
+	d.log.Info("credentials from blob-csi-driver's account key Secret", "secret", ns+"/"+name)
+	return c, "secret:" + ns + "/" + name, nil
 }
 
 // cacheDirFor is a volume's spill directory.
@@ -343,6 +422,9 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 	}
 	if p.Ephemeral {
 		return d.publishEphemeral(ctx, req, target)
+	}
+	if p.NoFSGroup {
+		group = "" // fsGroupChangePolicy None, as at NodeStageVolume
 	}
 	staging, err := d.checkPath("staging_target_path", req.GetStagingTargetPath())
 	if err != nil {

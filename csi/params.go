@@ -29,6 +29,8 @@ const (
 	paramMountOptions        = "mountoptions"
 	paramAuthType            = "azurestorageauthtype"
 	paramIdentityClientID    = "azurestorageidentityclientid"
+	paramEndpointSuffix      = "storageendpointsuffix"
+	paramFSGroupChangePolicy = "fsgroupchangepolicy"
 	// paramRetainContainer is blobfs's own: "true" keeps the container
 	// (and its data) when the volume is deleted.
 	paramRetainContainer = "retaincontainer"
@@ -53,21 +55,27 @@ const (
 
 // knownParams are the accepted parameter names, as users write them (for
 // error messages); matching is on the lower-case form.
+// The Azure Blob CSI driver's other names are in blobcsi.go.
 var knownParams = []string{
 	"storageAccount", "containerName", "containerNamePrefix", "server",
-	"protocol", "secretName", "secretNamespace", "mountOptions",
-	"retainContainer", "AzureStorageAuthType", "AzureStorageIdentityClientID",
+	"storageEndpointSuffix", "protocol", "secretName", "secretNamespace",
+	"mountOptions", "retainContainer", "AzureStorageAuthType",
+	"AzureStorageIdentityClientID", "fsGroupChangePolicy",
 }
 
 // Secret keys, as in the Azure Blob CSI driver, plus a connection string.
+// msisecret (blob-csi-driver's, for a custom managed identity endpoint) is
+// accepted and not used; its service principal keys are refused
+// (blobcsi.go).
 const (
 	secretAccountName = "azurestorageaccountname"
 	secretAccountKey  = "azurestorageaccountkey"
 	secretSASToken    = "azurestorageaccountsastoken"
 	secretConnString  = "azurestorageconnectionstring"
+	secretMSI         = "msisecret"
 )
 
-var knownSecrets = []string{secretAccountName, secretAccountKey, secretSASToken, secretConnString}
+var knownSecrets = []string{secretAccountName, secretAccountKey, secretSASToken, secretConnString, secretMSI}
 
 // volumeParams is a parsed parameter map.
 type volumeParams struct {
@@ -81,6 +89,16 @@ type volumeParams struct {
 	RetainContainer     bool
 	AuthType            string
 	IdentityClientID    string
+	// EndpointSuffix (storageEndpointSuffix) makes the endpoint
+	// https://ACCOUNT.blob.SUFFIX/ when Server is not given.
+	EndpointSuffix string
+	// NoFSGroup (fsGroupChangePolicy None): the pod's fsGroup is not
+	// applied to the mount.
+	NoFSGroup bool
+	// AccountSettings are the parameters, as "name=value", that set up a
+	// storage account blob-csi-driver would create or pick
+	// (blobcsi.go): fine with an existing account, refused without.
+	AccountSettings []string
 
 	PVCName, PVCNamespace, PVName string
 	Ephemeral                     bool
@@ -135,8 +153,21 @@ func parseParams(m map[string]string, field string) (volumeParams, error) {
 		case paramServer:
 			p.Server = v
 		case paramProtocol:
-			if v != "" && !strings.EqualFold(v, "fuse") {
-				return p, fmt.Errorf("%s[%q]: protocol %q is not supported: blobfs serves only \"fuse\"", field, k, clip(v, 40))
+			if err := checkProtocol(v); err != nil {
+				return p, fmt.Errorf("%s: %s=%s: %v", field, k, clip(v, 40), err)
+			}
+		case paramEndpointSuffix:
+			if v != "" && !validEndpointSuffix(v) {
+				return p, fmt.Errorf("%s[%q]: %q is not a DNS suffix like core.windows.net", field, k, clip(v, 60))
+			}
+			p.EndpointSuffix = strings.ToLower(strings.Trim(v, "."))
+		case paramFSGroupChangePolicy:
+			switch strings.ToLower(v) {
+			case "", "onrootmismatch", "always":
+			case "none":
+				p.NoFSGroup = true
+			default:
+				return p, fmt.Errorf("%s[%q]: %q is not OnRootMismatch, Always or None", field, k, clip(v, 40))
 			}
 		case paramSecretName:
 			p.SecretName = v
@@ -164,13 +195,44 @@ func parseParams(m map[string]string, field string) (volumeParams, error) {
 		case paramIdentityClientID:
 			p.IdentityClientID = v
 		default:
-			return p, fmt.Errorf("%s: unknown parameter %q (known: %s, and csi.storage.k8s.io/*, storage.kubernetes.io/*)", field, clip(k, 80), strings.Join(knownParams, ", "))
+			cp, ok := compatParamNamed(lk)
+			if !ok {
+				return p, unknownParam(field, k)
+			}
+			if cp.check != nil {
+				if err := cp.check(v); err != nil {
+					return p, fmt.Errorf("%s: %s=%s: %v", field, k, clip(v, 60), err)
+				}
+			}
+			if cp.accountSetting {
+				p.AccountSettings = append(p.AccountSettings, k+"="+clip(v, 60))
+			}
 		}
 	}
-	if (p.SecretName == "") != (p.SecretNamespace == "") && !p.Ephemeral {
-		return p, fmt.Errorf("%s: secretName and secretNamespace go together", field)
-	}
 	return p, nil
+}
+
+// unknownParam refuses a name blobfs and blob-csi-driver do not know,
+// suggesting the closest known one (a typo, usually).
+func unknownParam(field, k string) error {
+	known := append(append([]string{}, knownParams...), compatParamNames()...)
+	hint := ""
+	if c := closestName(k, known); c != "" {
+		hint = fmt.Sprintf("; did you mean %q?", c)
+	}
+	return fmt.Errorf("%s: unknown parameter %q%s (known: %s, and csi.storage.k8s.io/*, storage.kubernetes.io/*)", field, clip(k, 80), hint, strings.Join(known, ", "))
+}
+
+// secretNamespaceFor is the namespace of the secretName Secret when
+// secretNamespace is not given, as blob-csi-driver picks it: the one a
+// blob-csi-driver volume handle names, else the PVC's, else "default".
+func (p volumeParams) secretNamespaceFor(handleNamespace string) string {
+	for _, ns := range []string{p.SecretNamespace, handleNamespace, p.PVCNamespace} {
+		if ns != "" {
+			return ns
+		}
+	}
+	return "default"
 }
 
 // contextFor returns the volume context that CreateVolume hands to the
@@ -187,6 +249,9 @@ func (p volumeParams) contextFor() map[string]string {
 	set("mountOptions", strings.Join(p.MountOptions, ","))
 	set("AzureStorageAuthType", p.AuthType)
 	set("AzureStorageIdentityClientID", p.IdentityClientID)
+	if p.NoFSGroup {
+		set("fsGroupChangePolicy", "None")
+	}
 	return ctx
 }
 
@@ -229,7 +294,15 @@ func parseSecrets(m map[string]string, field string) (credentials, error) {
 			c.SASToken = v
 		case secretConnString:
 			c.ConnString = v
+		case secretMSI:
+			// blobfuse's secret for a custom managed identity endpoint
+			// (MSIEndpoint, refused): the node's own identity needs none.
 		default:
+			if why, ok := refusedSecretKeys[strings.ToLower(k)]; ok {
+				// "KEY is", not "KEY:": "clientsecret: x" reads as a
+				// secret value to blobstore.Redact.
+				return c, fmt.Errorf("%s: key %s is refused: %s", field, strings.ToLower(k), why)
+			}
 			return c, fmt.Errorf("%s: unknown key %q (known: %s)", field, clip(k, 80), strings.Join(knownSecrets, ", "))
 		}
 	}
@@ -284,8 +357,10 @@ func azureConfig(id volumeID, creds credentials, p volumeParams) (blobstore.Azur
 	return cfg, nil
 }
 
-// target returns where a new container lives: account and endpoint from
-// the parameters, else from the credentials.
+// target returns where a container lives: account and endpoint from the
+// parameters, else from the credentials. With no account anywhere, the
+// parameters that would have set up a new account (blob-csi-driver makes
+// or finds one) are named in the error.
 func (p volumeParams) target(creds credentials) (account, endpoint string, err error) {
 	account, endpoint = p.StorageAccount, p.endpoint()
 	if creds.Account != "" {
@@ -304,15 +379,21 @@ func (p volumeParams) target(creds credentials) (account, endpoint string, err e
 		if account == "" {
 			account = a
 		}
-		if endpoint == "" && e != defaultEndpoint(account) {
+		if endpoint == "" && p.EndpointSuffix == "" && e != defaultEndpoint(account) {
 			endpoint = e
 		}
 	}
+	if account == "" && len(p.AccountSettings) > 0 {
+		return "", "", fmt.Errorf("%s: blobfs does not create storage accounts (nor search for one, as blob-csi-driver does when none is named); name an existing one with storageAccount or the secret's %s", strings.Join(p.AccountSettings, ", "), secretAccountName)
+	}
 	if account == "" {
-		return "", "", fmt.Errorf("no storage account: set parameter storageAccount or secret key %s", secretAccountName)
+		return "", "", fmt.Errorf("no storage account: set parameter storageAccount or secret key %s (blobfs does not create storage accounts or search for one)", secretAccountName)
 	}
 	if !validAccount(account) {
 		return "", "", fmt.Errorf("storage account %q is not valid (3 to 24 lowercase letters and digits)", account)
+	}
+	if endpoint == "" && p.EndpointSuffix != "" {
+		endpoint = "https://" + account + ".blob." + p.EndpointSuffix + "/"
 	}
 	if endpoint == defaultEndpoint(account) {
 		endpoint = ""
@@ -445,6 +526,15 @@ var mountOptionNames = []string{
 	"file-mode", "dir-mode", "posix-attrs",
 }
 
+// blobfuseMountOptions are the blobfuse options of blob-csi-driver's
+// examples that blobfs takes besides its own (allow_other, ro, uid, gid,
+// umask, attr_timeout, entry_timeout, negative_timeout in seconds): they
+// ask for nothing blobfs does differently, so they change nothing.
+var blobfuseMountOptions = []string{
+	"file-cache-timeout-in-seconds", "file-cache-timeout", "cancel-list-on-mount-seconds",
+	"cache-size-mb", "use-attr-cache", "log-level", "tmp-path", "virtual-directory=true", "use-adls=false",
+}
+
 // defaultMountSettings: pods run with any uid, so CSI mounts let every
 // user in (allow-other) and show blobs that carry no attributes of their
 // own as rwx to all (umask 0), unless the volume's mount options say
@@ -458,17 +548,24 @@ func defaultMountSettings() mountSettings {
 
 // parseMountOptions applies mount options (PV mountOptions, the
 // mountOptions parameter) through the allow-list. Forms: "name=value",
-// "--name=value", "name" for true, "-o a,b". Errors name the option.
+// "--name=value", "name" for true, "-o a,b", several separated by spaces.
+// Errors name the option.
 func parseMountOptions(opts []string, field string) (mountSettings, error) {
 	s := defaultMountSettings()
 	set := map[string]string{}
+	// Options may come space-separated in one string, as blob-csi-driver's
+	// mountOptions volume attribute has them ("-o allow_other
+	// --file-cache-timeout-in-seconds=120"); "-o" only introduces a list.
 	var flat []string
 	for _, o := range opts {
-		o = strings.TrimSpace(o)
-		o = strings.TrimSpace(strings.TrimPrefix(o, "-o "))
-		for _, x := range strings.Split(o, ",") {
-			if x = strings.TrimSpace(x); x != "" {
-				flat = append(flat, x)
+		for _, tok := range strings.Fields(o) {
+			if tok == "-o" {
+				continue
+			}
+			for _, x := range strings.Split(tok, ",") {
+				if x = strings.TrimSpace(x); x != "" {
+					flat = append(flat, x)
+				}
 			}
 		}
 	}
@@ -498,8 +595,12 @@ func parseMountOptions(opts []string, field string) (mountSettings, error) {
 		}
 		durVal := func() (time.Duration, error) {
 			d, err := time.ParseDuration(val)
+			if n, nerr := strconv.ParseUint(val, 10, 32); nerr == nil {
+				// seconds, as FUSE's attr_timeout=120 and blobfuse's
+				d, err = time.Duration(n)*time.Second, nil
+			}
 			if !hasVal || err != nil || d < 0 || d > 24*time.Hour {
-				return 0, bad("needs a duration like 1s or 500ms (0 disables)")
+				return 0, bad("needs a duration like 1s, 500ms or 120 (seconds); 0 disables")
 			}
 			return d, nil
 		}
@@ -599,8 +700,37 @@ func parseMountOptions(opts []string, field string) (mountSettings, error) {
 			}
 		case "retry-max-delay":
 			s.Retry.MaxDelay, err = durVal()
+		case "file-cache-timeout-in-seconds", "file-cache-timeout", "cancel-list-on-mount-seconds", "cache-size-mb":
+			// blobfuse's whole-file cache and its listing at mount:
+			// blobfs keeps no file cache (it reads blocks on demand)
+			// and lists nothing at mount. Accepted, unused.
+			if _, perr := strconv.ParseUint(val, 10, 63); !hasVal || perr != nil {
+				return s, bad("needs a whole number")
+			}
+			continue
+		case "use-attr-cache":
+			// blobfs caches attributes for attr-timeout.
+			if _, err := boolVal(); err != nil {
+				return s, err
+			}
+			continue
+		case "log-level", "tmp-path":
+			// The driver owns logging and the cache directory.
+			continue
+		case "virtual-directory":
+			// blobfs's directories are blob name prefixes (and marker
+			// blobs), as blobfuse's virtual directories.
+			if on, err := boolVal(); err != nil || !on {
+				return s, bad("blobfs always has virtual directories (true)")
+			}
+			continue
+		case "use-adls":
+			if on, err := boolVal(); err != nil || on {
+				return s, bad(whyHNS)
+			}
+			continue
 		default:
-			return s, bad(fmt.Sprintf("not supported (supported: %s, ro)", strings.Join(mountOptionNames, ", ")))
+			return s, bad(fmt.Sprintf("not supported (supported: %s, ro; of blobfuse's: %s)", strings.Join(mountOptionNames, ", "), strings.Join(blobfuseMountOptions, ", ")))
 		}
 		if err != nil {
 			return s, err

@@ -133,8 +133,22 @@ func TestParamsAndSecrets(t *testing.T) {
 	if _, err := parseParams(map[string]string{"storageAcount": "acct"}, "parameters"); err == nil || !strings.Contains(err.Error(), `"storageAcount"`) {
 		t.Errorf("a misspelt parameter: err = %v, want one naming it", err)
 	}
-	if _, err := parseParams(map[string]string{"secretName": "s"}, "parameters"); err == nil {
-		t.Error("secretName without secretNamespace accepted")
+	// secretName alone: the namespace is blob-csi-driver's default, the
+	// handle's, else the PVC's, else "default".
+	for _, c := range []struct {
+		params map[string]string
+		handle string
+		want   string
+	}{
+		{map[string]string{"secretName": "s"}, "", "default"},
+		{map[string]string{"secretName": "s", keyPVCNamespace: "team-a"}, "", "team-a"},
+		{map[string]string{"secretName": "s", keyPVCNamespace: "team-a"}, "team-b", "team-b"},
+		{map[string]string{"secretName": "s", "secretNamespace": "team-c", keyPVCNamespace: "team-a"}, "team-b", "team-c"},
+	} {
+		p, err := parseParams(c.params, "parameters")
+		if got := p.secretNamespaceFor(c.handle); err != nil || got != c.want {
+			t.Errorf("%v, handle namespace %q: secret namespace %q, %v; want %q", c.params, c.handle, got, err, c.want)
+		}
 	}
 	c, err := parseSecrets(map[string]string{secretConnString: "UseDevelopmentStorage=true"}, "secrets")
 	if err != nil {

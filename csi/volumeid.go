@@ -107,6 +107,42 @@ func (v volumeID) check() error {
 	return blobstore.AzureConfig{Account: v.Account, Container: v.Container, Endpoint: v.Endpoint, Auth: blobstore.AzureAuthAnonymous}.Validate()
 }
 
+// blobCSIHandle is a volume handle in the Azure Blob CSI driver's format,
+//
+//	RESOURCEGROUP#ACCOUNT#CONTAINER[#UUID[#SECRETNAMESPACE[#SUBSCRIPTION]]]
+//
+// which the volumes it provisions have and static PVs may use. blobfs
+// reaches the account by name, so the resource group and subscription do
+// not matter; SECRETNAMESPACE is where blob-csi-driver keeps the Secret
+// with the account key (blobCSISecretName).
+type blobCSIHandle struct {
+	ResourceGroup, Account, Container, SecretNamespace, SubscriptionID string
+}
+
+// parseBlobCSIHandle parses a handle in that format. Its errors say what
+// is wrong and wrap errMalformedID.
+func parseBlobCSIHandle(s string) (blobCSIHandle, error) {
+	bad := func(why string) (blobCSIHandle, error) {
+		return blobCSIHandle{}, fmt.Errorf("%w %q: %s (expected %s#ACCOUNT#CONTAINER[#ENDPOINT[#FLAGS]], or blob-csi-driver's RESOURCEGROUP#ACCOUNT#CONTAINER[#UUID[#SECRETNAMESPACE[#SUBSCRIPTION]]]; or give volume_context containerName)",
+			errMalformedID, clip(s, 200), why, volumeIDPrefix)
+	}
+	parts := strings.Split(s, "#")
+	if len(parts) < 3 || len(parts) > 6 {
+		return bad(fmt.Sprintf("it has %d '#'-separated fields", len(parts)))
+	}
+	h := blobCSIHandle{ResourceGroup: parts[0], Account: parts[1], Container: parts[2]}
+	if len(parts) > 4 {
+		h.SecretNamespace = parts[4]
+	}
+	if len(parts) > 5 {
+		h.SubscriptionID = parts[5]
+	}
+	if err := (volumeID{Account: h.Account, Container: h.Container}).check(); err != nil {
+		return bad(err.Error())
+	}
+	return h, nil
+}
+
 func validAccount(s string) bool {
 	if len(s) < 3 || len(s) > 24 {
 		return false
