@@ -346,7 +346,16 @@ func TestSymlinkedAfterMount(t *testing.T) {
 							t.Fatalf("NodePublishVolume: %v", err)
 						}
 					}
+					// The swap holds the volume's lock, as an RPC would: a
+					// health check in between would find the path
+					// unmounted and not yet a symlink, and mount it again.
+					for deadline := time.Now().Add(30 * time.Second); !s.d.locks.tryLock(s.handle); time.Sleep(time.Millisecond) {
+						if time.Now().After(deadline) {
+							t.Fatal("the volume stayed locked for 30 s before the swap")
+						}
+					}
 					c.swap(t, s)
+					s.d.locks.unlock(s.handle)
 					s.settle()
 					s.checkContained(t)
 					if rec, ok := s.d.state.Get(s.handle); ok && len(rec.Targets) > 0 {
