@@ -318,7 +318,7 @@ func (s *supervisor) run(ready func(error, string)) error {
 				s.log.Error("not restarting the worker: it died "+fmt.Sprint(crashes)+" times in a row (--restart-limit "+fmt.Sprint(s.limit)+"). "+
 					"The mount stays and requests to it wait: send SIGHUP to the supervisor to try again, "+
 					"SIGTERM to upload dirty files and unmount, or detach it with: blobfs unmount -z "+s.mp,
-					"supervisor pid", os.Getpid())
+					"supervisor_pid", os.Getpid())
 			default:
 				d := restartDelay(crashes)
 				s.log.Warn("restarting the worker", "crashes_in_a_row", crashes, "after", d)
