@@ -323,7 +323,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		go metricsSrv.Serve(ml)
 	}
 	d.log.Info("CSI driver serving", "driver", d.cfg.DriverName, "version", d.cfg.Version, "endpoint", d.cfg.Endpoint,
-		"controller", d.cfg.Controller, "node", d.cfg.Node, "nodeID", d.cfg.NodeID, "metrics", d.cfg.MetricsAddress)
+		"controller", d.cfg.Controller, "node", d.cfg.Node, "node_id", d.cfg.NodeID, "metrics", d.cfg.MetricsAddress)
 
 	if d.cfg.Node {
 		d.recover(ctx)

@@ -321,7 +321,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolume
 	if err := d.recordMounted(ctx, v, rec, mp); err != nil {
 		return nil, err
 	}
-	d.log.Info("volume staged", "volume", v.volumeID, "container", v.id.Container, "path", staging, "readOnly", v.readOnly, "group", rec.MountGroup)
+	d.log.Info("volume staged", "volume", v.volumeID, "container", v.id.Container, "path", staging, "read_only", v.readOnly, "group", rec.MountGroup)
 	return &csipb.NodeStageVolumeResponse{}, nil
 }
 
@@ -529,7 +529,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		d.mounter.Unmount(tmp)
 		return nil, status.Errorf(codes.Internal, "%v", err)
 	}
-	d.log.Info("volume published", "volume", id, "target", target, "readOnly", ro)
+	d.log.Info("volume published", "volume", id, "target", target, "read_only", ro)
 	return &csipb.NodePublishVolumeResponse{}, nil
 }
 
@@ -586,7 +586,7 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csipb.NodePublishVol
 	if err := d.recordMounted(ctx, v, rec, mp); err != nil {
 		return nil, err
 	}
-	d.log.Info("inline volume published", "volume", v.volumeID, "container", v.id.Container, "target", target, "readOnly", v.readOnly)
+	d.log.Info("inline volume published", "volume", v.volumeID, "container", v.id.Container, "target", target, "read_only", v.readOnly)
 	return &csipb.NodePublishVolumeResponse{}, nil
 }
 

@@ -223,7 +223,7 @@ func (r *Registrar) serve(ctx context.Context, name, sock string) (string, error
 			os.Remove(sock)
 		}
 	}()
-	r.log.Info("offering registration to kubelet", "driver", name, "socket", sock, "driverPath", r.cfg.KubeletDriverPath)
+	r.log.Info("offering registration to kubelet", "driver", name, "socket", sock, "driver_path", r.cfg.KubeletDriverPath)
 
 	t := time.NewTicker(r.cfg.CheckInterval)
 	defer t.Stop()

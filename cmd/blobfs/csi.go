@@ -14,7 +14,7 @@ import (
 type csiFlags struct {
 	cfg        csi.Config
 	mode       string
-	logLevel   string
+	log        logFlags
 	kubeconfig string
 }
 
@@ -37,7 +37,7 @@ func registerCSIFlags(fl *flag.FlagSet, f *csiFlags) {
 	fl.StringVar(&f.cfg.MetricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, e.g. :9809 (default: off)")
 	fl.StringVar(&f.cfg.KeeperSocket, "keeper-socket", "", "socket of a `blobfs keeper` that holds the mounts across restarts of this driver (default: none; mounts die with the driver and are mounted again at start-up)")
 	fl.DurationVar(&f.cfg.HealthInterval, "health-interval", 30*time.Second, "how often the node checks its mounts and repairs dead ones (0 disables)")
-	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.log.register(fl)
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "read Secrets (secretName) through this kubeconfig instead of the pod's service account: for a driver run outside a pod")
 }
 
@@ -65,7 +65,7 @@ func runCSI(args []string) error {
 	if f.cfg.HealthInterval == 0 {
 		f.cfg.HealthInterval = -1 // the flag's 0 disables; Config's 0 means default
 	}
-	logger, err := newLogger(f.logLevel, "", os.Stderr)
+	logger, _, err := newLogger(f.log, os.Stderr)
 	if err != nil {
 		return err
 	}

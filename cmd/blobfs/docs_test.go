@@ -248,8 +248,7 @@ func commandFlags() map[string]*flag.FlagSet {
 	registerMountFlags(add("mount"), newMountConfig())
 	registerCSIFlags(add("csi"), &csiFlags{})
 	var cfg csi.RegistrarConfig
-	var level string
-	registerRegistrarFlags(add("registrar"), &cfg, &level)
+	registerRegistrarFlags(add("registrar"), &cfg, &logFlags{})
 	registerKeeperFlags(add("keeper"))
 	return sets
 }

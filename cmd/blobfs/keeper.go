@@ -15,7 +15,7 @@ import (
 // the driver's container leaves it alive.
 func runKeeper(args []string) error {
 	fl := flag.NewFlagSet("keeper", flag.ContinueOnError)
-	socket, logLevel := registerKeeperFlags(fl)
+	socket, logs := registerKeeperFlags(fl)
 	fl.Usage = func() {
 		fmt.Fprintln(fl.Output(), "usage: blobfs keeper --socket PATH   (holds the CSI driver's FUSE mounts across its restarts)")
 		fl.PrintDefaults()
@@ -26,7 +26,7 @@ func runKeeper(args []string) error {
 	if *socket == "" {
 		return usageError{errors.New("keeper needs --socket")}
 	}
-	logger, err := newLogger(*logLevel, "", os.Stderr)
+	logger, _, err := newLogger(*logs, os.Stderr)
 	if err != nil {
 		return err
 	}
@@ -37,8 +37,9 @@ func runKeeper(args []string) error {
 
 // registerKeeperFlags declares the flags of `blobfs keeper`; keep the
 // table in docs/reference.md in step (docs_test.go checks).
-func registerKeeperFlags(fl *flag.FlagSet) (socket, logLevel *string) {
+func registerKeeperFlags(fl *flag.FlagSet) (socket *string, logs *logFlags) {
 	socket = fl.String("socket", "", "unix socket to listen on, e.g. /var/lib/kubelet/plugins/blob.csi.blobfs.io/keeper.sock (required; the driver's --keeper-socket)")
-	logLevel = fl.String("log-level", "info", "debug, info, warn or error")
-	return socket, logLevel
+	logs = new(logFlags)
+	logs.register(fl)
+	return socket, logs
 }

@@ -16,17 +16,13 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -39,7 +35,9 @@ func main() {
 			fmt.Fprintf(os.Stderr, "blobfs: %v\n", err)
 			os.Exit(2)
 		}
-		fmt.Fprintf(os.Stderr, "blobfs: %v\n", err)
+		if !errors.As(err, new(errLogged)) {
+			fmt.Fprintf(os.Stderr, "blobfs: %v\n", err)
+		}
 		os.Exit(1)
 	}
 }
@@ -132,22 +130,4 @@ func runUnmount(args []string) error {
 		return usageError{errors.New("unmount needs exactly one MOUNTPOINT")}
 	}
 	return unmountPath(fl.Arg(0), *lazy)
-}
-
-// signalContext is a context that ends at SIGINT or SIGTERM, and logs the
-// signal with what the process does about it (then), so that an operator
-// reading the log sees why it stopped.
-func signalContext(logger *slog.Logger, then string) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	go func() {
-		select {
-		case sig := <-sigs:
-			logger.Info("signal received: "+then, "signal", sig.String())
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return ctx, func() { signal.Stop(sigs); cancel() }
 }

@@ -6,12 +6,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
@@ -43,8 +41,7 @@ type mountConfig struct {
 	uid, gid  int
 	mount     fusefs.MountOptions
 	fg        bool
-	logLevel  string
-	logFile   string
+	log       logFlags
 	checkTime time.Duration
 	grace     time.Duration
 	create    bool
@@ -95,8 +92,8 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.IntVar(&c.retry.MaxAttempts, "retry-attempts", 0, "attempts per store request on throttling and transient errors (default 5)")
 	fl.DurationVar(&c.retry.MaxDelay, "retry-max-delay", 0, "longest wait between attempts (default 5s)")
 	fl.BoolVar(&c.fg, "foreground", false, "stay in the foreground (default: detach once mounted)")
-	fl.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	fl.StringVar(&c.logFile, "log-file", "", "log to this file (default: stderr in the foreground; in the background /var/log/blobfs/blobfs-MOUNTPOINT.log as root, else under $TMPDIR)")
+	c.log.register(fl)
+	fl.StringVar(&c.log.file, "log-file", "", "log to this file, opened again at SIGHUP (default: stderr in the foreground; in the background /var/log/blobfs/blobfs-MOUNTPOINT.log as root, else under $TMPDIR)")
 	fl.BoolVar(&c.mount.Debug, "debug-fuse", false, "log every FUSE request and reply (very verbose)")
 	fl.DurationVar(&c.checkTime, "check-timeout", 30*time.Second, "how long the pre-mount check of the store may take")
 	fl.IntVar(&c.limit, "restart-limit", 10, "in the background: worker crashes in a row (each within 10s of its start) after which the supervisor stops restarting it")
@@ -172,6 +169,9 @@ func (c *mountConfig) checkFlags(fl *flag.FlagSet) error {
 		return fmt.Errorf("--shutdown-grace %v: must not be negative", c.grace)
 	case c.limit < 0:
 		return fmt.Errorf("--restart-limit %d: must not be negative (0 gives up at the first crash)", c.limit)
+	}
+	if err := c.log.check(); err != nil {
+		return err
 	}
 	for name, d := range map[string]time.Duration{
 		"attr-timeout": c.fs.AttrTimeout, "entry-timeout": c.fs.EntryTimeout,
@@ -343,23 +343,6 @@ func (c *mountConfig) fsOptions(logger *slog.Logger) (fusefs.Options, error) {
 	return o, nil
 }
 
-func newLogger(level, file string, fallback io.Writer) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, usageError{fmt.Errorf("--log-level: %v", err)}
-	}
-	w := fallback
-	if file != "" {
-		f, err := os.OpenFile(file, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("log file: %w", err)
-		}
-		w = f
-	}
-	// Every line passes through blobstore's redaction: no secret in a log.
-	return slog.New(blobstore.NewRedactingHandler(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))), nil
-}
-
 // readyEnv names the fd on which a background child reports "mounted" (or
 // an error) to the parent waiting in the foreground.
 const readyEnv = "BLOBFS_READY_FD"
@@ -387,10 +370,14 @@ func mountWith(c *mountConfig, mountpoint string, args []string) error {
 		os.Unsetenv(readyEnv)
 		return supervise(c, mp, args, readyReporter(os.NewFile(uintptr(fd), "ready")))
 	}
-	logger, err := newLogger(c.logLevel, c.logFile, os.Stderr)
+	logger, logFile, err := newLogger(c.log, os.Stderr)
 	if err != nil {
 		return err
 	}
+	if logFile != nil {
+		defer logFile.Close()
+	}
+	defer reopenOnSIGHUP(logger, logFile)()
 	// The default cache directory is made here, not by fusefs, so that
 	// it goes again with the mount: nobody would look in a fresh
 	// temporary directory of a mount that is gone.
@@ -479,7 +466,7 @@ type keptMount struct {
 // mount, adopting it when the state region says a previous worker served
 // it. ready is told once the mount is usable (or why it is not).
 func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, string), kept *keptMount) error {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := signalContext(logger, "dirty files are uploaded, then the mount is unmounted")
 	defer stop()
 	var (
 		metrics *fsmetrics.Metrics
@@ -576,7 +563,6 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 		return err
 	case <-ctx.Done():
 	}
-	logger.Info("signal: uploading dirty files and unmounting", "mountpoint", mp)
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := fsys.Sync(sctx); err != nil {

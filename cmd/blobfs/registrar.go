@@ -1,12 +1,9 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/blobfs/blobfs/csi"
 )
@@ -15,17 +12,17 @@ import (
 // kubelet (the job of node-driver-registrar).
 func runRegistrar(args []string) error {
 	var cfg csi.RegistrarConfig
-	var logLevel string
+	var logs logFlags
 	fl := flag.NewFlagSet("registrar", flag.ContinueOnError)
 	fl.Usage = func() {
 		fmt.Fprintln(fl.Output(), "usage: blobfs registrar [flags]   (registers the CSI node plugin with kubelet)")
 		fl.PrintDefaults()
 	}
-	registerRegistrarFlags(fl, &cfg, &logLevel)
+	registerRegistrarFlags(fl, &cfg, &logs)
 	if help, err := parseNoArgs(fl, args); help || err != nil {
 		return err
 	}
-	logger, err := newLogger(logLevel, "", os.Stderr)
+	logger, _, err := newLogger(logs, os.Stderr)
 	if err != nil {
 		return err
 	}
@@ -34,17 +31,17 @@ func runRegistrar(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := signalContext(logger, "the registrar stops and removes its registration socket, if it made one")
 	defer stop()
 	return r.Run(ctx)
 }
 
 // registerRegistrarFlags declares the flags of `blobfs registrar`; keep the
 // table in docs/reference.md in step (docs_test.go checks).
-func registerRegistrarFlags(fl *flag.FlagSet, cfg *csi.RegistrarConfig, logLevel *string) {
+func registerRegistrarFlags(fl *flag.FlagSet, cfg *csi.RegistrarConfig, logs *logFlags) {
 	fl.StringVar(&cfg.DriverAddress, "csi-address", "/csi/csi.sock", "the driver's CSI socket as this process sees it (a path or unix:///path)")
 	fl.StringVar(&cfg.KubeletDriverPath, "kubelet-registration-path", "/var/lib/kubelet/plugins/"+csi.DefaultDriverName+"/csi.sock", "the driver's CSI socket as kubelet sees it (a host path)")
 	fl.StringVar(&cfg.RegistrationDir, "registration-dir", "/registration", "kubelet's plugin registration directory (KUBELET_DIR/plugins_registry on the host)")
 	fl.DurationVar(&cfg.CheckInterval, "check-interval", 0, "how often the driver and the registration socket are checked (default 1s)")
-	fl.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
+	logs.register(fl)
 }

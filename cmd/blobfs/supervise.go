@@ -33,7 +33,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -97,12 +96,14 @@ type supervisor struct {
 	// worker runs whatever binary is at that path now.
 	exe        string
 	workerArgs []string
-	// workerOut receives the worker's stdout and stderr (a panic's trace
-	// lands in the log file).
-	workerOut *os.File
-	fuse      *os.File // the mount's /dev/fuse descriptor, held for its life
-	state     *os.File // the state region, held for the mount's life
-	limit     int      // crashes in a row before giving up
+	// logs is the log file, shared with the workers: it also receives a
+	// worker's stdout and stderr (a panic's trace lands in the log file).
+	// SIGHUP reopens it; run, the only goroutine that starts workers and
+	// handles signals, hands each new worker the file of the moment.
+	logs  *logFile
+	fuse  *os.File // the mount's /dev/fuse descriptor, held for its life
+	state *os.File // the state region, held for the mount's life
+	limit int      // crashes in a row before giving up
 }
 
 // worker is one running worker process.
@@ -117,6 +118,7 @@ type worker struct {
 	answered bool // ready's message was received
 	serving  bool
 	termSent bool
+	hupOwed  bool // SIGHUP came before it served: passed on once it does
 }
 
 type workerReady struct {
@@ -129,20 +131,16 @@ type workerReady struct {
 // told to stop. ready tells the waiting `blobfs mount` the outcome.
 func supervise(c *mountConfig, mp string, args []string, ready func(error, string)) (err error) {
 	defer func() { ready(err, "") }()
-	logFile := c.logFile
-	if logFile == "" {
-		logFile = backgroundLogFile(mp)
+	logFlags := c.log
+	if logFlags.file == "" {
+		logFlags.file = backgroundLogFile(mp)
 	}
-	logger, err := newLogger(c.logLevel, logFile, os.Stderr)
+	logger, logs, err := newLogger(logFlags, os.Stderr)
 	if err != nil {
 		return err
 	}
+	defer logs.Close()
 	logger = logger.With("process", "supervisor")
-	workerOut, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("log file: %w", err)
-	}
-	defer workerOut.Close()
 	if c.limit < 0 {
 		return usageError{errors.New("--restart-limit must not be negative")}
 	}
@@ -152,7 +150,7 @@ func supervise(c *mountConfig, mp string, args []string, ready func(error, strin
 	if _, err := c.fsOptions(logger); err != nil {
 		return err
 	}
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, cancel := signalContext(logger, "the store check stops; nothing is mounted")
 	_, _, err = c.openStore(ctx, logger, nil)
 	cancel()
 	if err != nil {
@@ -192,15 +190,15 @@ func supervise(c *mountConfig, mp string, args []string, ready func(error, strin
 	if madeCacheDir {
 		defaults = append(defaults, "--cache-dir="+cacheDir)
 	}
-	if c.logFile == "" {
-		defaults = append(defaults, "--log-file="+logFile)
+	if c.log.file == "" {
+		defaults = append(defaults, "--log-file="+logFlags.file)
 	}
 	s := &supervisor{
 		mp:         mp,
 		log:        logger,
 		exe:        exe,
 		workerArgs: append(defaults, args...),
-		workerOut:  workerOut,
+		logs:       logs,
 		fuse:       fuse,
 		state:      state,
 		limit:      c.limit,
@@ -279,6 +277,10 @@ func (s *supervisor) run(ready func(error, string)) error {
 			if stopping && !w.termSent {
 				s.terminate(w)
 			}
+			if w.hupOwed {
+				w.hupOwed = false
+				s.hangUp(w)
+			}
 
 		case err := <-exitCh:
 			pid, uptime := w.pid, time.Since(w.started)
@@ -323,7 +325,7 @@ func (s *supervisor) run(ready func(error, string)) error {
 				s.log.Error("not restarting the worker: it died "+fmt.Sprint(crashes)+" times in a row (--restart-limit "+fmt.Sprint(s.limit)+"). "+
 					"The mount stays and requests to it wait: send SIGHUP to the supervisor to try again, "+
 					"SIGTERM to upload dirty files and unmount, or detach it with: blobfs unmount -z "+s.mp,
-					"supervisor pid", os.Getpid())
+					"supervisor_pid", os.Getpid())
 			default:
 				d := restartDelay(crashes)
 				s.log.Warn("restarting the worker", "crashes_in_a_row", crashes, "after", d)
@@ -349,16 +351,24 @@ func (s *supervisor) run(ready func(error, string)) error {
 		case sig := <-sigs:
 			switch {
 			case sig == syscall.SIGHUP:
+				// logrotate's signal: reopen the log file here and in
+				// the worker. And, as before, try again at once if no
+				// worker runs (after giving up, or during a back-off).
+				reopenLog(s.log, s.logs, sig)
 				if w == nil {
 					s.log.Info("SIGHUP: starting a worker now", "was_given_up", gaveUp)
 					crashes, gaveUp = 0, false
 					startNow()
+				} else if w.serving {
+					s.hangUp(w)
+				} else {
+					w.hupOwed = true
 				}
 			case stopping:
-				s.log.Info("already stopping", "signal", sig)
+				s.log.Info("signal received again: already stopping", "signal", sig.String())
 			default:
 				stopping = true
-				s.log.Info("signal: the worker uploads dirty files and unmounts", "signal", sig)
+				s.log.Info("signal received: the worker uploads dirty files and unmounts, then both exit", "signal", sig.String())
 				if w == nil {
 					// The dirty files of the dead worker are in the
 					// state region: a worker must upload them.
@@ -390,7 +400,8 @@ func (s *supervisor) start(down time.Time) *worker {
 		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", unservedEnv, down.UnixNano()))
 	}
 	cmd.ExtraFiles = []*os.File{s.fuse, s.state, pw}
-	cmd.Stdout, cmd.Stderr = s.workerOut, s.workerOut
+	out := s.logs.File()
+	cmd.Stdout, cmd.Stderr = out, out
 	err = cmd.Start()
 	pw.Close()
 	if err != nil {
@@ -428,6 +439,15 @@ func (s *supervisor) terminate(w *worker) {
 	w.termSent = true
 	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		s.log.Warn("could not signal the worker; its exit will restart it", "err", err)
+	}
+}
+
+// hangUp passes a SIGHUP on to a serving worker: it reopens its log file.
+// A worker that is not serving yet may not have set up its handler, and
+// SIGHUP would kill it.
+func (s *supervisor) hangUp(w *worker) {
+	if err := w.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		s.log.Warn("could not pass SIGHUP on to the worker", "pid", w.pid, "err", err)
 	}
 }
 
@@ -504,16 +524,27 @@ func runMountWorker(args []string) error {
 		return err
 	}
 	c.create = false // the supervisor did
-	logger, err := newLogger(c.logLevel, c.logFile, os.Stderr)
+	logger, logs, err := newLogger(c.log, os.Stderr)
 	if err != nil {
 		return err
 	}
+	if logs != nil {
+		defer logs.Close()
+	}
 	logger = logger.With("process", "worker", "pid", os.Getpid())
+	defer reopenOnSIGHUP(logger, logs)()
 	ready := readyReporter(os.NewFile(workerReadyFD, "ready"))
 	kept := &keptMount{fuseFD: workerFuseFD, state: os.NewFile(workerStateFD, "state")}
 	if ns, err := strconv.ParseInt(os.Getenv(unservedEnv), 10, 64); err == nil {
 		kept.unservedSince = time.Unix(0, ns)
 	}
 	os.Unsetenv(unservedEnv)
-	return serve(c, mp, logger, ready, kept)
+	err = serve(c, mp, logger, ready, kept)
+	if err != nil {
+		// Logged here, not printed: the worker's stderr is the log
+		// file too, and a bare line there would not parse as a log.
+		logger.Error("worker exits", "err", err)
+		return errLogged{err}
+	}
+	return nil
 }
