@@ -268,12 +268,20 @@ func likeKubelet(ctx context.Context, rpc func() error) error {
 func (r *restartRig) teardown(targets ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	// As kubelet does, a call that finds the volume busy (the health
+	// check holds its lock while it looks at it) is made again.
 	for _, target := range targets {
-		if _, err := r.node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: r.volumeID, TargetPath: target}); err != nil {
+		if err := likeKubelet(ctx, func() error {
+			_, err := r.node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: r.volumeID, TargetPath: target})
+			return err
+		}); err != nil {
 			r.t.Fatalf("NodeUnpublishVolume: %v", err)
 		}
 	}
-	if _, err := r.node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: r.volumeID, StagingTargetPath: r.staging}); err != nil {
+	if err := likeKubelet(ctx, func() error {
+		_, err := r.node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: r.volumeID, StagingTargetPath: r.staging})
+		return err
+	}); err != nil {
 		r.t.Fatalf("NodeUnstageVolume: %v", err)
 	}
 	if left := mountsUnder(r.t, r.kubelet); len(left) > 0 {
