@@ -312,6 +312,7 @@ func (m *BlobfsMounter) UnmountVolume(ctx context.Context, mp *MountPoint) error
 	m.mu.Unlock()
 	if lm == nil {
 		// Not ours (a dead mount left by an earlier process) or nothing.
+		m.abortDead(mp)
 		return m.Unmount(mp)
 	}
 	if err := lm.fs.Sync(ctx); err != nil {
@@ -385,6 +386,43 @@ func mountDevice(mp *MountPoint) (string, error) {
 		return "", err
 	}
 	return fmt.Sprintf("%d:%d", st.Dev_major, st.Dev_minor), nil
+}
+
+// abortDead aborts the FUSE connection of a blobfs mount at mp that this
+// process does not serve, before it is unmounted. Its server is gone; if
+// that server died while a thread of its own waited on the mount (the
+// health check's statfs), the connection is still open and hangs every
+// request, the dead process never finishes exiting, and a lazy unmount
+// alone would leave both behind (fusefs.AbortConnection). Aborting a
+// connection that is aborted already changes nothing.
+func (m *BlobfsMounter) abortDead(mp *MountPoint) {
+	if _, mounted, err := mp.kind(); err != nil || !mounted {
+		return
+	}
+	dir, err := mp.dir()
+	if err != nil {
+		return
+	}
+	var st unix.Statx_t
+	err = unix.Statx(int(dir.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, 0, &st)
+	dir.Close()
+	if err != nil || st.Dev_major != 0 {
+		return // not a FUSE connection
+	}
+	dev := fmt.Sprintf("%d:%d", st.Dev_major, st.Dev_minor)
+	for _, p := range mountsOfDevice(dev) {
+		m.mu.Lock()
+		_, ours := m.mounts[p]
+		m.mu.Unlock()
+		if ours {
+			return // the same connection serves a mount of ours
+		}
+	}
+	if err := fusefs.AbortConnection(st.Dev_major, st.Dev_minor); err != nil {
+		m.log.Debug("could not abort the dead mount's FUSE connection", "mountpoint", mp.Path, "err", err)
+		return
+	}
+	m.log.Info("aborted the FUSE connection of a dead mount", "mountpoint", mp.Path, "device", dev)
 }
 
 // mountsOfDevice lists the mount points of the filesystem dev in this

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -838,4 +839,43 @@ type logWriter struct{ l *slog.Logger }
 func (w logWriter) Write(p []byte) (int, error) {
 	w.l.Debug(strings.TrimRight(string(p), "\n"), "component", "go-fuse")
 	return len(p), nil
+}
+
+// fuseConnections is where the kernel's fusectl file system lists FUSE
+// connections, one directory per connection named by its device number.
+const fuseConnections = "/sys/fs/fuse/connections"
+
+// AbortConnection aborts the FUSE connection of the file system whose
+// device is dev (from stat of its root, e.g. with AT_STATX_DONT_SYNC):
+// every request waiting on it fails at once with ECONNABORTED, and new
+// ones fail with ENOTCONN, as if its last server had gone.
+//
+// It is for a mount whose server is gone but whose connection is not: a
+// server killed while one of its own threads waited on a request of its
+// own file system (a statfs of its mount) cannot finish dying, because
+// that thread waits for an answer only it could give and holds the
+// descriptor that keeps the connection open. Nothing but an abort frees
+// it. Where fusectl is not mounted (a container's /sys), it is mounted
+// first.
+func AbortConnection(devMajor, devMinor uint32) error {
+	if devMajor != 0 {
+		return fmt.Errorf("device %d:%d is not a FUSE connection (FUSE devices are anonymous, major 0)", devMajor, devMinor)
+	}
+	abort := filepath.Join(fuseConnections, strconv.FormatUint(uint64(devMinor), 10), "abort")
+	if _, err := os.Stat(fuseConnections + "/."); err == nil {
+		if entries, _ := os.ReadDir(fuseConnections); len(entries) == 0 {
+			// Empty: fusectl is not mounted here (or no connection
+			// exists, and then mounting it changes nothing).
+			unix.Mount("fusectl", fuseConnections, "fusectl", 0, "")
+		}
+	}
+	f, err := os.OpenFile(abort, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("abort FUSE connection %d: %w", devMinor, err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("1"); err != nil {
+		return fmt.Errorf("abort FUSE connection %d: %w", devMinor, err)
+	}
+	return nil
 }

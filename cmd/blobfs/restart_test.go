@@ -22,8 +22,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
+	"github.com/blobfs/blobfs/fusefs"
 )
 
 // These tests prove blobfs's headline promise with real processes: a CSI
@@ -198,7 +201,26 @@ func (r *restartRig) stopDriver(sig syscall.Signal) {
 		return
 	}
 	r.driver.Process.Signal(sig)
-	r.driver.Wait()
+	exited := make(chan struct{})
+	go func() { r.driver.Wait(); close(exited) }()
+	select {
+	case <-exited:
+	case <-time.After(20 * time.Second):
+		// Killed while a thread of its own waited on one of its mounts
+		// (the health check's statfs) with the keeper gone: that
+		// thread waits for an answer only the dead process could give,
+		// and the process cannot finish exiting. The next driver aborts
+		// such a connection when it repairs the mount; the rig, which
+		// waits for this one first, does the same here.
+		r.t.Logf("driver did not exit within 20 s of signal %v: aborting the FUSE connections under the kubelet directory", sig)
+		for _, p := range mountsUnder(r.t, r.kubelet) {
+			var st unix.Statx_t
+			if unix.Statx(unix.AT_FDCWD, p, unix.AT_STATX_DONT_SYNC|unix.AT_SYMLINK_NOFOLLOW, 0, &st) == nil {
+				fusefs.AbortConnection(st.Dev_major, st.Dev_minor)
+			}
+		}
+		<-exited
+	}
 	r.driver = nil
 }
 
