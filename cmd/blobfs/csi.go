@@ -1,10 +1,11 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/blobfs/blobfs/csi"
 )
@@ -18,7 +19,7 @@ type csiFlags struct {
 	kubeconfig string
 }
 
-func registerCSIFlags(fl *flag.FlagSet, f *csiFlags) {
+func registerCSIFlags(fl *pflag.FlagSet, f *csiFlags) {
 	endpoint := os.Getenv("CSI_ENDPOINT")
 	if endpoint == "" {
 		endpoint = "unix:///csi/csi.sock"
@@ -35,23 +36,14 @@ func registerCSIFlags(fl *flag.FlagSet, f *csiFlags) {
 	fl.StringVar(&f.cfg.StateDir, "state-dir", "", "node state directory (default KUBELET_DIR/plugins/DRIVER_NAME/state)")
 	fl.StringVar(&f.cfg.CacheDir, "cache-dir", csi.DefaultCacheDir, "spill files of files being written, one subdirectory per volume; on the node's disk")
 	fl.StringVar(&f.cfg.MetricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, e.g. :9809 (default: off)")
-	fl.StringVar(&f.cfg.KeeperSocket, "keeper-socket", "", "socket of a `blobfs keeper` that holds the mounts across restarts of this driver (default: none; mounts die with the driver and are mounted again at start-up)")
+	fl.StringVar(&f.cfg.KeeperSocket, "keeper-socket", "", "socket of a blobfs keeper that holds the mounts across restarts of this driver (default: none; mounts die with the driver and are mounted again at start-up)")
 	fl.DurationVar(&f.cfg.HealthInterval, "health-interval", 30*time.Second, "how often the node checks its mounts and repairs dead ones (0 disables)")
 	f.log.register(fl)
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "read Secrets (secretName) through this kubeconfig instead of the pod's service account: for a driver run outside a pod")
 }
 
-func runCSI(args []string) error {
-	var f csiFlags
-	fl := flag.NewFlagSet("csi", flag.ContinueOnError)
-	fl.Usage = func() {
-		fmt.Fprintln(fl.Output(), "usage: blobfs csi [flags]   (the Kubernetes CSI driver)")
-		fl.PrintDefaults()
-	}
-	registerCSIFlags(fl, &f)
-	if help, err := parseNoArgs(fl, args); help || err != nil {
-		return err
-	}
+// runCSI is `blobfs csi`, its flags parsed into f.
+func runCSI(f csiFlags) error {
 	switch f.mode {
 	case "all":
 		f.cfg.Controller, f.cfg.Node = true, true

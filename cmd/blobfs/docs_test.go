@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -13,7 +12,7 @@ import (
 	"testing"
 	"unicode"
 
-	"github.com/blobfs/blobfs/csi"
+	"github.com/spf13/pflag"
 )
 
 // TestDocs keeps README.md and docs/*.md true to the code: the links
@@ -236,20 +235,13 @@ func checkMakeTargets(t *testing.T, docs []*mdFile) {
 	}
 }
 
-// commandFlags registers each documented command's flags as the command
-// itself does.
-func commandFlags() map[string]*flag.FlagSet {
-	sets := map[string]*flag.FlagSet{}
-	add := func(name string) *flag.FlagSet {
-		fl := flag.NewFlagSet(name, flag.ContinueOnError)
-		sets[name] = fl
-		return fl
+// commandFlags returns each command's flags (mount, csi, ...) as the
+// command tree declares them.
+func commandFlags() map[string]*pflag.FlagSet {
+	sets := map[string]*pflag.FlagSet{}
+	for _, c := range newRootCommand().Commands() {
+		sets[c.Name()] = c.Flags()
 	}
-	registerMountFlags(add("mount"), newMountConfig())
-	registerCSIFlags(add("csi"), &csiFlags{})
-	var cfg csi.RegistrarConfig
-	registerRegistrarFlags(add("registrar"), &cfg, &logFlags{})
-	registerKeeperFlags(add("keeper"))
 	return sets
 }
 
@@ -313,7 +305,7 @@ func checkFlagTables(t *testing.T, docs []*mdFile) {
 				}
 			}
 		}
-		sets[cmd].VisitAll(func(fl *flag.Flag) {
+		sets[cmd].VisitAll(func(fl *pflag.Flag) {
 			if !documented[fl.Name] {
 				t.Errorf("blobfs %s --%s has no row in docs/reference.md, %q", cmd, fl.Name, title)
 			}

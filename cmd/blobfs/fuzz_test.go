@@ -1,12 +1,13 @@
 package main
 
 import (
-	"flag"
 	"io"
 	"log/slog"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
@@ -47,7 +48,7 @@ func FuzzFstabOptions(f *testing.F) {
 			return
 		}
 		c := &mountConfig{}
-		fl := flag.NewFlagSet("mount.blobfs", flag.ContinueOnError)
+		fl := pflag.NewFlagSet("mount.blobfs", pflag.ContinueOnError)
 		fl.SetOutput(io.Discard)
 		registerMountFlags(fl, c)
 		if err := fl.Parse(flags); err != nil {

@@ -2,11 +2,12 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"unicode"
+
+	"github.com/spf13/pflag"
 )
 
 // fstabIgnored are generic mount(8)/fstab options that mean nothing to
@@ -49,7 +50,7 @@ func runMountHelper(args []string) error {
 		return usageError{err}
 	}
 	c := newMountConfig()
-	fl := flag.NewFlagSet("mount.blobfs", flag.ContinueOnError)
+	fl := pflag.NewFlagSet("mount.blobfs", pflag.ContinueOnError)
 	registerMountFlags(fl, c)
 	fl.SetOutput(io.Discard)
 	if err := fl.Parse(flags); err != nil {

@@ -2,9 +2,9 @@ package main
 
 import (
 	"errors"
-	"flag"
-	"fmt"
 	"os"
+
+	"github.com/spf13/pflag"
 
 	"github.com/blobfs/blobfs/fusefs"
 )
@@ -13,16 +13,7 @@ import (
 // connections while the driver restarts (fusefs/keeper.go). It runs as a
 // container of its own in the node pod, so that a crash or an update of
 // the driver's container leaves it alive.
-func runKeeper(args []string) error {
-	fl := flag.NewFlagSet("keeper", flag.ContinueOnError)
-	socket, logs := registerKeeperFlags(fl)
-	fl.Usage = func() {
-		fmt.Fprintln(fl.Output(), "usage: blobfs keeper --socket PATH   (holds the CSI driver's FUSE mounts across its restarts)")
-		fl.PrintDefaults()
-	}
-	if help, err := parseNoArgs(fl, args); help || err != nil {
-		return err
-	}
+func runKeeper(socket *string, logs *logFlags) error {
 	if *socket == "" {
 		return usageError{errors.New("keeper needs --socket")}
 	}
@@ -37,7 +28,7 @@ func runKeeper(args []string) error {
 
 // registerKeeperFlags declares the flags of `blobfs keeper`; keep the
 // table in docs/reference.md in step (docs_test.go checks).
-func registerKeeperFlags(fl *flag.FlagSet) (socket *string, logs *logFlags) {
+func registerKeeperFlags(fl *pflag.FlagSet) (socket *string, logs *logFlags) {
 	socket = fl.String("socket", "", "unix socket to listen on, e.g. /var/lib/kubelet/plugins/blob.csi.blobfs.io/keeper.sock (required; the driver's --keeper-socket)")
 	logs = new(logFlags)
 	logs.register(fl)

@@ -15,7 +15,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,6 +23,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/blobfs/blobfs/blobstore"
@@ -40,7 +40,7 @@ type logFlags struct {
 
 // register declares --log-level and --log-format; keep the tables in
 // docs/reference.md in step (docs_test.go checks).
-func (l *logFlags) register(fl *flag.FlagSet) {
+func (l *logFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&l.level, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&l.format, "log-format", "text", "text (logfmt: key=value pairs) or json (one object a line)")
 }

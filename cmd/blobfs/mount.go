@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/spf13/pflag"
 	mountutils "k8s.io/mount-utils"
 
 	"github.com/blobfs/blobfs/blobstore"
@@ -59,7 +59,7 @@ type mountConfig struct {
 // registerMountFlags declares every mount flag; mount.blobfs -o options are
 // the same names. Keep the table in docs/reference.md in step
 // (docs_test.go checks).
-func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
+func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.StringVar(&c.localDir, "local-dir", "", "serve this local directory as the container (the default store when no Azure container is configured)")
 	fl.StringVar(&c.azure.Container, "container", c.azure.Container, "Azure container name (env AZURE_STORAGE_ACCOUNT_CONTAINER)")
 	fl.StringVar(&c.azure.Account, "account", c.azure.Account, "Azure storage account (env AZURE_STORAGE_ACCOUNT)")
@@ -102,10 +102,21 @@ func registerMountFlags(fl *flag.FlagSet, c *mountConfig) {
 	fl.StringVar(&c.metricsAddr, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, e.g. 127.0.0.1:9810 (default: off)")
 }
 
-// octalFlag is a flag given and shown in octal, as umasks are.
+// octalFlag is a flag given and shown in octal, as umasks are: its
+// default shows as "(default 0022)" in --help.
 type octalFlag uint
 
-func (o *octalFlag) String() string { return fmt.Sprintf("%#o", uint(*o)) }
+// String is the value as chmod(1) writes modes: 0022, 0644, 04755; zero is
+// "0", which pflag's help takes for "no default".
+func (o *octalFlag) String() string {
+	if *o == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("0%03o", uint(*o))
+}
+
+// Type names the value in --help: "--umask octal".
+func (o *octalFlag) Type() string { return "octal" }
 
 func (o *octalFlag) Set(s string) error {
 	v, err := strconv.ParseUint(s, 8, 32)
@@ -122,9 +133,9 @@ var storeFlags = []string{"container", "account", "endpoint", "auth-type", "crea
 
 // checkFlags refuses flag values that cannot work, before anything is
 // mounted, with errors in the flags' own names and units.
-func (c *mountConfig) checkFlags(fl *flag.FlagSet) error {
+func (c *mountConfig) checkFlags(fl *pflag.FlagSet) error {
 	set := map[string]bool{}
-	fl.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	fl.Visit(func(f *pflag.Flag) { set[f.Name] = true })
 	c.forceOwner = set["uid"] || set["gid"]
 	c.forcePerm = set["file-mode"] || set["dir-mode"]
 	if set["local-dir"] {
@@ -188,24 +199,28 @@ func newMountConfig() *mountConfig {
 	return &mountConfig{azure: blobstore.AzureConfigFromEnv(os.Getenv)}
 }
 
-func runMount(args []string) error {
-	c := newMountConfig()
-	fl := flag.NewFlagSet("mount", flag.ContinueOnError)
-	fl.Usage = func() {
-		fmt.Fprintln(fl.Output(), "usage: blobfs mount [flags] MOUNTPOINT")
-		fl.PrintDefaults()
-	}
-	registerMountFlags(fl, c)
-	if help, err := parseFlags(fl, args); help || err != nil {
-		return err
-	}
+// runMount is `blobfs mount`, its flags parsed into c and fl.
+func runMount(c *mountConfig, fl *pflag.FlagSet, args []string) error {
 	if err := c.checkFlags(fl); err != nil {
 		return usageError{err}
 	}
-	if fl.NArg() != 1 {
+	if len(args) != 1 {
 		return usageError{errors.New("mount needs exactly one MOUNTPOINT (see blobfs mount --help)")}
 	}
-	return mountWith(c, fl.Arg(0), args)
+	return mountWith(c, args[0], givenArgs(fl, args))
+}
+
+// givenArgs are the flags given on a command line, in their long form
+// (--name=value), and then its arguments: what the background process and
+// its worker are run with.
+func givenArgs(fl *pflag.FlagSet, args []string) []string {
+	var out []string
+	fl.Visit(func(f *pflag.Flag) {
+		if f.Name != "help" {
+			out = append(out, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	return append(out, args...)
 }
 
 // azureConfigured tells whether the user asked for an Azure container.

@@ -1,27 +1,16 @@
 package main
 
 import (
-	"flag"
-	"fmt"
 	"os"
+
+	"github.com/spf13/pflag"
 
 	"github.com/blobfs/blobfs/csi"
 )
 
 // runRegistrar is `blobfs registrar`: registers the node plugin with
 // kubelet (the job of node-driver-registrar).
-func runRegistrar(args []string) error {
-	var cfg csi.RegistrarConfig
-	var logs logFlags
-	fl := flag.NewFlagSet("registrar", flag.ContinueOnError)
-	fl.Usage = func() {
-		fmt.Fprintln(fl.Output(), "usage: blobfs registrar [flags]   (registers the CSI node plugin with kubelet)")
-		fl.PrintDefaults()
-	}
-	registerRegistrarFlags(fl, &cfg, &logs)
-	if help, err := parseNoArgs(fl, args); help || err != nil {
-		return err
-	}
+func runRegistrar(cfg csi.RegistrarConfig, logs logFlags) error {
 	logger, _, err := newLogger(logs, os.Stderr)
 	if err != nil {
 		return err
@@ -38,7 +27,7 @@ func runRegistrar(args []string) error {
 
 // registerRegistrarFlags declares the flags of `blobfs registrar`; keep the
 // table in docs/reference.md in step (docs_test.go checks).
-func registerRegistrarFlags(fl *flag.FlagSet, cfg *csi.RegistrarConfig, logs *logFlags) {
+func registerRegistrarFlags(fl *pflag.FlagSet, cfg *csi.RegistrarConfig, logs *logFlags) {
 	fl.StringVar(&cfg.DriverAddress, "csi-address", "/csi/csi.sock", "the driver's CSI socket as this process sees it (a path or unix:///path)")
 	fl.StringVar(&cfg.KubeletDriverPath, "kubelet-registration-path", "/var/lib/kubelet/plugins/"+csi.DefaultDriverName+"/csi.sock", "the driver's CSI socket as kubelet sees it (a host path)")
 	fl.StringVar(&cfg.RegistrationDir, "registration-dir", "/registration", "kubelet's plugin registration directory (KUBELET_DIR/plugins_registry on the host)")

@@ -34,7 +34,6 @@ package main
 import (
 	"bufio"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -46,6 +45,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/blobfs/blobfs/fusefs"
@@ -500,18 +500,12 @@ func exitText(err error) string {
 // runMountWorker is `blobfs mount-worker`: it serves the mount its
 // supervisor holds (fds 3 and 4), adopting it if a previous worker served
 // it, and reports on fd 5 once it serves.
-func runMountWorker(args []string) error {
+func runMountWorker(c *mountConfig, fl *pflag.FlagSet, args []string) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(workerFuseFD, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != unix.Mkdev(10, 229) {
 		return usageError{errors.New(workerMode + " is run by a background `blobfs mount`, with the mount's /dev/fuse as fd 3; not by hand")}
 	}
-	c := newMountConfig()
-	fl := flag.NewFlagSet(workerMode, flag.ContinueOnError)
-	registerMountFlags(fl, c)
-	if err := fl.Parse(args); err != nil {
-		return usageError{err}
-	}
-	if fl.NArg() != 1 {
+	if len(args) != 1 {
 		return usageError{errors.New(workerMode + " needs exactly one MOUNTPOINT")}
 	}
 	// The supervisor checked the flags; this also derives what they
@@ -519,7 +513,7 @@ func runMountWorker(args []string) error {
 	if err := c.checkFlags(fl); err != nil {
 		return usageError{err}
 	}
-	mp, err := filepath.Abs(fl.Arg(0))
+	mp, err := filepath.Abs(args[0])
 	if err != nil {
 		return err
 	}
