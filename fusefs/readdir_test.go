@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
@@ -762,4 +763,47 @@ func TestReaddirAcrossRestart(t *testing.T) {
 	if again := readToEnd(t, fd, 200); !slices.Equal(names(again), names(got[read:])) {
 		t.Fatalf("seekdir to an offset from before the restarts: %v, first time %v", names(again), names(got[read:]))
 	}
+}
+
+// TestReadDirWithoutPlus drives READDIR (which a kernel that does not
+// use READDIRPLUS sends) directly, with replies of a few entries from
+// pages of three names: each name once, with its type.
+func TestReadDirWithoutPlus(t *testing.T) {
+	mem := blobstore.NewMemory()
+	d := fillReaddirDir(t, mem, "d")
+	fsys, err := New(&pagedStore{Store: mem, page: 3}, Options{CacheDir: t.TempDir(), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	var entry fuse.EntryOut
+	if st := fsys.Lookup(nil, &fuse.InHeader{NodeId: fuse.FUSE_ROOT_ID}, "d", &entry); !st.Ok() {
+		t.Fatalf("lookup: %v", st)
+	}
+	var open fuse.OpenOut
+	if st := fsys.OpenDir(nil, &fuse.OpenIn{InHeader: fuse.InHeader{NodeId: entry.NodeId}}, &open); !st.Ok() {
+		t.Fatalf("opendir: %v", st)
+	}
+	defer fsys.ReleaseDir(&fuse.ReleaseIn{InHeader: fuse.InHeader{NodeId: entry.NodeId}, Fh: open.Fh})
+	var got []dent
+	buf := make([]byte, 160)
+	for off := uint64(0); ; {
+		list := fuse.NewDirEntryList(buf, off)
+		in := &fuse.ReadIn{InHeader: fuse.InHeader{NodeId: entry.NodeId}, Fh: open.Fh, Offset: off, Size: uint32(len(buf))}
+		if st := fsys.ReadDir(nil, in, list); !st.Ok() {
+			t.Fatalf("readdir at %d: %v", off, st)
+		}
+		ents, err := fuse.ParseDirEntries(list.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ents) == 0 {
+			break
+		}
+		for _, e := range ents {
+			got = append(got, dent{name: e.Name, off: int64(e.Off), typ: uint8(e.Mode >> 12)})
+		}
+		off = ents[len(ents)-1].Off
+	}
+	d.checkOnce(t, got, nil)
 }
