@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,6 +66,11 @@ func serveChild() error {
 	if d, err := time.ParseDuration(os.Getenv("BLOBFS_TEST_LATENCY")); err == nil {
 		// Slow reads keep requests in flight when the server is killed.
 		store = blobstore.NewFaulty(local, blobstore.FaultOptions{Latency: d})
+	}
+	// Small, slow listing pages (readdir across restarts).
+	if page, err := strconv.Atoi(os.Getenv("BLOBFS_TEST_LIST_PAGE")); err == nil {
+		delay, _ := time.ParseDuration(os.Getenv("BLOBFS_TEST_LIST_DELAY"))
+		store = &pagedStore{Store: store, page: page, delay: delay}
 	}
 	fsys, err := New(store, Options{
 		State:    os.NewFile(4, "state"),

@@ -12,73 +12,26 @@ import (
 	"github.com/blobfs/blobfs/blobstore"
 )
 
-// dirItem is one name in a directory handle's snapshot.
+// dirItem is one name of a directory pass or listing.
 type dirItem struct {
 	name  string
 	entry dirEntry
 }
 
-// listDir lists a whole directory from the store, page by page, and merges
-// in the files created here and not yet committed. The result is cached.
-func (fs *FS) listDir(ctx context.Context, dirPath string) ([]string, map[string]dirEntry, error) {
-	if names, entries, ok := fs.lists.snapshot(dirPath); ok {
-		return names, entries, nil
-	}
-	prefix := ""
-	if dirPath != "" {
-		prefix = dirPath + "/"
-	}
-	fetch := fs.lists.beginFetch(dirPath)
+// pageEntries merges one listing page into a map of entries. With more
+// pages to come it also returns the merger, which says where the listing
+// stands (last) and holds the blobs whose prefix may still come: they are
+// left out, so that a name is never shown with the wrong kind.
+func pageEntries(prefix string, page blobstore.ListPage) (map[string]dirEntry, *pageMerger) {
 	entries := map[string]dirEntry{}
-	opts := blobstore.ListOptions{Prefix: prefix, Delimiter: "/"}
-	for {
-		page, err := fs.store.List(ctx, opts)
-		if err != nil {
-			fs.lists.endFetch(fetch)
-			return nil, nil, err
-		}
-		addPage(entries, prefix, page)
-		if page.NextMarker == "" {
-			break
-		}
-		opts.Marker = page.NextMarker
+	emit := func(it dirItem) { entries[it.name] = it.entry }
+	m := &pageMerger{prefix: prefix}
+	m.add(page, emit)
+	if page.NextMarker != "" {
+		return entries, m
 	}
-	fs.mergeLocal(dirPath, entries)
-	fs.lists.putFetched(entries, fetch)
-	names := make([]string, 0, len(entries))
-	for name := range entries {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	return names, entries, nil
-}
-
-// addPage adds one listing page's names to entries.
-func addPage(entries map[string]dirEntry, prefix string, page blobstore.ListPage) {
-	for _, b := range page.Blobs {
-		name := strings.TrimPrefix(b.Name, prefix)
-		if checkName(name) != fuse.OK {
-			// Not representable as a file name (e.g. "a//b", or a
-			// marker "dir/" some tools write): skip, never mangle.
-			continue
-		}
-		e := entryFromAttrs(b)
-		if old, ok := entries[name]; ok && old.kind == kindDir {
-			continue // a prefix of the same name wins
-		}
-		entries[name] = e
-	}
-	for _, p := range page.Prefixes {
-		name := strings.TrimSuffix(strings.TrimPrefix(p, prefix), "/")
-		if checkName(name) != fuse.OK {
-			continue
-		}
-		e := dirEntry{kind: kindDir}
-		if old, ok := entries[name]; ok && old.kind == kindDir {
-			e.mtime, e.attrs = old.mtime, old.attrs // the marker's
-		}
-		entries[name] = e
-	}
+	m.flush(emit)
+	return entries, nil
 }
 
 // smallDirPage is the listing page size that a lookup spends to learn a
@@ -112,18 +65,22 @@ func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
 }
 
 // keepListing caches page, the first page of a listing of dirPath fetched
-// since fetch began, when it is the whole directory; a directory with more
-// pages is remembered as large instead (markLarge). It reports whether a
-// listing was cached.
+// since fetch began. It reports whether it was the whole directory, now
+// cached. A directory with more pages is remembered as large (markLarge),
+// and the page kept as a partial listing: a lookup of a name it holds, or
+// of one before its end, costs no request (stat of a file in a large
+// directory on a fresh mount: two requests, the probe of the directory,
+// instead of four), and a readdir pass that starts while it is fresh goes
+// on from it (`ls` of a large directory: the lookup's page is the pass's
+// first).
 func (fs *FS) keepListing(dirPath, prefix string, page blobstore.ListPage, fetch *listFetch) bool {
-	if page.NextMarker != "" {
-		fs.lists.endFetch(fetch)
+	entries, more := pageEntries(prefix, page)
+	fs.mergeLocal(dirPath, entries)
+	if more != nil {
 		fs.lists.markLarge(dirPath)
+		fs.lists.putPartialFetched(entries, &passStart{marker: page.NextMarker, merger: *more}, fetch)
 		return false
 	}
-	entries := map[string]dirEntry{}
-	addPage(entries, prefix, page)
-	fs.mergeLocal(dirPath, entries)
 	return fs.lists.putFetched(entries, fetch)
 }
 
@@ -191,33 +148,6 @@ func (fs *FS) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fus
 	return fuse.OK
 }
 
-// loadDir fills the handle's snapshot when the stream starts (offset 0,
-// also after rewinddir). Offsets are positions in the snapshot, so a
-// listing that changes meanwhile never makes the stream skip or repeat.
-func (fs *FS) loadDir(h *handle, off uint64) fuse.Status {
-	if h.dirLoaded && off != 0 {
-		return fuse.OK
-	}
-	path, ok := fs.pathOf(h.n)
-	if !ok {
-		return fuse.ENOENT
-	}
-	ctx, cf := fs.reqContext()
-	defer cf()
-	names, entries, err := fs.listDir(ctx, path)
-	if err != nil {
-		fs.log.Warn("list failed", "path", path, "err", err)
-		return toStatus(err)
-	}
-	items := make([]dirItem, 0, len(names)+2)
-	items = append(items, dirItem{name: ".", entry: dirEntry{kind: kindDir}}, dirItem{name: "..", entry: dirEntry{kind: kindDir}})
-	for _, name := range names {
-		items = append(items, dirItem{name: name, entry: entries[name]})
-	}
-	h.dirItems, h.dirLoaded = items, true
-	return fuse.OK
-}
-
 func modeOf(k nodeKind) uint32 {
 	switch k {
 	case kindDir:
@@ -228,6 +158,38 @@ func modeOf(k nodeKind) uint32 {
 	return syscall.S_IFREG
 }
 
+// dirEntries returns h's pass and its entries, the first of them at
+// position off unless the pass has ended before it. Offset 0 starts a new
+// pass; so does any offset on a handle without one (restored after a
+// restart: the new pass skips to off). The caller holds h.dirMu.
+func (fs *FS) dirEntries(h *handle, off uint64) (*dirStream, []dirItem, fuse.Status) {
+	if off == 0 || h.dir == nil {
+		path, ok := fs.pathOf(h.n)
+		if !ok {
+			return nil, nil, fuse.ENOENT
+		}
+		if h.dir != nil {
+			h.dir.close()
+		}
+		h.dir = fs.newDirStream(path)
+	}
+	if off > uint64(maxPassLen) {
+		return h.dir, nil, fuse.OK // past any pass's end
+	}
+	items, err := h.dir.await(int(off))
+	if err != nil {
+		return nil, nil, toStatus(err)
+	}
+	if int(off) >= len(items) {
+		return h.dir, nil, fuse.OK
+	}
+	return h.dir, items[off:], fuse.OK
+}
+
+// maxPassLen bounds the offsets a pass honours: an offset past it (made up,
+// not one a pass handed out) reads as the end.
+const maxPassLen = 1 << 40
+
 func (fs *FS) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
 	h := fs.handle(in.Fh)
 	if h == nil {
@@ -235,15 +197,18 @@ func (fs *FS) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList
 	}
 	h.dirMu.Lock()
 	defer h.dirMu.Unlock()
-	if st := fs.loadDir(h, in.Offset); !st.Ok() {
+	s, items, st := fs.dirEntries(h, in.Offset)
+	if !st.Ok() {
 		return st
 	}
-	for i := int(in.Offset); i < len(h.dirItems); i++ {
-		it := h.dirItems[i]
-		if !out.AddDirEntry(fuse.DirEntry{Name: it.name, Mode: modeOf(it.entry.kind), Off: uint64(i + 1)}) {
+	n := 0
+	for _, it := range items {
+		if !out.AddDirEntry(fuse.DirEntry{Name: it.name, Mode: modeOf(it.entry.kind), Off: in.Offset + uint64(n) + 1}) {
 			break
 		}
+		n++
 	}
+	s.read(int(in.Offset)+n, len(items) == 0)
 	return fuse.OK
 }
 
@@ -256,20 +221,23 @@ func (fs *FS) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntry
 	}
 	h.dirMu.Lock()
 	defer h.dirMu.Unlock()
-	if st := fs.loadDir(h, in.Offset); !st.Ok() {
+	s, items, st := fs.dirEntries(h, in.Offset)
+	if !st.Ok() {
 		return st
 	}
+	count := 0
+	defer func() { s.read(int(in.Offset)+count, len(items) == 0) }()
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if h.n.parent == 0 && h.n.id != fuse.FUSE_ROOT_ID {
 		return fuse.ENOENT // removed while listing
 	}
-	for i := int(in.Offset); i < len(h.dirItems); i++ {
-		it := h.dirItems[i]
-		e := out.AddDirLookupEntry(fuse.DirEntry{Name: it.name, Mode: modeOf(it.entry.kind), Off: uint64(i + 1)})
+	for _, it := range items {
+		e := out.AddDirLookupEntry(fuse.DirEntry{Name: it.name, Mode: modeOf(it.entry.kind), Off: in.Offset + uint64(count) + 1})
 		if e == nil {
 			break
 		}
+		count++
 		if it.name == "." || it.name == ".." {
 			// The kernel takes no reference for these; node id 0 says so.
 			*e = fuse.EntryOut{}
@@ -287,10 +255,28 @@ func (fs *FS) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntry
 
 func (fs *FS) ReleaseDir(in *fuse.ReleaseIn) {
 	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	fs.dropHandleLocked(in.Fh)
+	h := fs.dropHandleLocked(in.Fh)
+	fs.mu.Unlock()
+	if h != nil {
+		h.dirMu.Lock()
+		if h.dir != nil {
+			h.dir.close()
+			h.dir = nil
+		}
+		h.dirMu.Unlock()
+	}
 }
 
 func (fs *FS) FsyncDir(_ <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
 	return fuse.OK // directory changes are synchronous
+}
+
+// sortedKeys returns m's keys in order.
+func sortedKeys(m map[string]dirEntry) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }

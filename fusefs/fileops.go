@@ -24,9 +24,8 @@ type handle struct {
 	raSeq    int64 // bytes read sequentially since the last seek
 	raWindow int   // blocks read ahead; grows while reads stay sequential
 
-	dirMu     sync.Mutex
-	dirItems  []dirItem // snapshot taken at offset 0
-	dirLoaded bool
+	dirMu sync.Mutex
+	dir   *dirStream // the directory pass; guarded by dirMu
 }
 
 func (fs *FS) newHandleLocked(n *node, of *openFile, write bool) *handle {

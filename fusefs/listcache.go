@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -17,6 +18,16 @@ import (
 // store (listFetch); changes by other writers show up once the entry
 // expires. Memory is bounded by maxEntries names over all listings: the
 // oldest listings are dropped first.
+//
+// A listing is complete (the whole directory) or partial: the first pages
+// of a larger directory, kept from a probe's page or fed page by page by a
+// directory pass in progress (startPass, dirstream.go). A partial listing
+// answers for the names it holds, and says "no such name" only for names
+// its pages have gone past (covers). A listing fed by a pass does not
+// expire while a page of it is on its way: its timeout counts from the
+// pass's last activity (a page landing, the reader reading), so a pass
+// that outlasts the timeout keeps what it fetched, and its listing lives
+// on for the timeout after the reader is done.
 type listCache struct {
 	ttl        time.Duration
 	maxEntries int
@@ -43,6 +54,10 @@ type listCache struct {
 type listFetch struct {
 	dir   string
 	start time.Time // when the fetch began (see refreshGrace)
+	// listing is the listing a pass feeds page by page (startPass); nil
+	// for a fetch stored whole by putFetched, and once the pass no longer
+	// feeds it (dropped, spoiled, evicted). Guarded by listCache.mu.
+	listing *listing
 	// changes are this mount's changes to dir since start, in order;
 	// guarded by listCache.mu.
 	changes []listChange
@@ -111,7 +126,233 @@ func (c *listCache) putFetched(entries map[string]dirEntry, f *listFetch) bool {
 			entries[ch.name] = ch.e
 		}
 	}
-	return c.putLocked(f.dir, copyEntries(entries), time.Since(f.start))
+	return c.putLocked(f.dir, copyEntries(entries), time.Since(f.start), "")
+}
+
+// putPartialFetched is putFetched for the first page of a directory that
+// has more: the listing kept answers for its names and, for the names
+// before the page's last key, that they do not exist; a pass that starts
+// while it is fresh goes on from it (start: where the listing continues).
+// It never replaces a listing a pass is feeding, nor a complete one still
+// fresh.
+func (c *listCache) putPartialFetched(entries map[string]dirEntry, start *passStart, f *listFetch) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.endFetchLocked(f)
+	if f.spoiled || start.merger.last == "" {
+		return false
+	}
+	if l := c.freshLocked(f.dir); l != nil && (l.complete || l.pass != nil) {
+		return false
+	}
+	for _, ch := range f.changes {
+		if ch.removed {
+			delete(entries, ch.name)
+		} else {
+			entries[ch.name] = ch.e
+		}
+	}
+	if !c.putLocked(f.dir, copyEntries(entries), time.Since(f.start), start.merger.last) {
+		return false
+	}
+	c.dirs[f.dir].resume = start
+	return true
+}
+
+// passStart is where a pass starts that goes on from a partial listing:
+// the entries up to where it got, in name order, and the store's listing
+// from there on.
+type passStart struct {
+	items  []dirItem
+	marker string // the next page's
+	merger pageMerger
+}
+
+// startPass begins a listing of dir that a directory pass feeds page by
+// page (passPage, passListed, endPass). A fresh partial listing that a
+// pass may go on from (putPartialFetched) becomes the pass's, and start
+// says where the pass begins; otherwise the pass starts from the top and
+// its listing replaces what is cached of dir. It returns a nil fetch, and
+// the pass goes uncached, when listings are not cached or another pass
+// feeds dir's listing already.
+func (c *listCache) startPass(dir string) (f *listFetch, start *passStart) {
+	if c.ttl <= 0 {
+		return nil, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.freshLocked(dir)
+	if l != nil && l.pass != nil {
+		return nil, nil
+	}
+	f = &listFetch{dir: dir, start: time.Now()}
+	c.fetching[dir] = append(c.fetching[dir], f)
+	if l != nil && !l.complete && l.resume != nil {
+		// Its entries, as this mount's changes since left them, up
+		// to where the listing got; later pages bring the rest.
+		start, l.resume = l.resume, nil
+		for _, name := range l.sortedLocked() {
+			if name < l.last {
+				start.items = append(start.items, dirItem{name: name, entry: l.entries[name]})
+			}
+		}
+		start.merger.held = slices.Clone(start.merger.held)
+	} else {
+		c.dropLocked(dir)
+		l = &listing{entries: map[string]dirEntry{}}
+		c.dirs[dir] = l
+	}
+	l.pass, l.expiry = f, time.Now().Add(c.ttl)
+	f.listing = l
+	return f, start
+}
+
+// passFetching marks a page of f's listing as on its way (on) or landed:
+// meanwhile the listing does not expire.
+func (c *listCache) passFetching(f *listFetch, on bool) {
+	if f == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l := c.passListingLocked(f); l != nil {
+		l.fetching = on
+		l.expiry = time.Now().Add(c.ttl)
+	}
+}
+
+// passPage adds a page's entries to f's listing, the listing having now
+// gone past last, and replays onto them this mount's changes to those
+// names since the pass began (the page may predate them).
+func (c *listCache) passPage(f *listFetch, items []dirItem, last string) {
+	if f == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.passListingLocked(f)
+	if l == nil {
+		return
+	}
+	for c.total+len(items) > c.maxEntries && c.evictOldestLocked(l) {
+	}
+	if c.total+len(items) > c.maxEntries {
+		c.dropLocked(f.dir) // too large to cache; the pass goes on
+		c.detachPassLocked(f)
+		return
+	}
+	var names map[string]bool
+	if len(f.changes) > 0 {
+		names = make(map[string]bool, len(items))
+	}
+	for _, it := range items {
+		if _, had := l.entries[it.name]; !had {
+			c.total++
+		}
+		l.entries[it.name] = it.entry
+		if names != nil {
+			names[it.name] = true
+		}
+	}
+	for _, ch := range f.changes {
+		if !names[ch.name] {
+			continue // applied in place when it was made
+		}
+		if ch.removed {
+			if _, had := l.entries[ch.name]; had {
+				delete(l.entries, ch.name)
+				c.total--
+			}
+		} else {
+			l.entries[ch.name] = ch.e
+		}
+	}
+	l.last = last
+	l.fetching = false
+	l.sorted, l.subdirs = nil, 0
+	l.expiry = time.Now().Add(c.ttl)
+}
+
+// passListed completes f's listing: the store's listing ended, and local
+// holds the names that exist only here (mergeLocal). The listing stays
+// with the pass until endPass.
+func (c *listCache) passListed(f *listFetch, local map[string]dirEntry) {
+	if f == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.passListingLocked(f)
+	if l == nil {
+		return
+	}
+	for name, e := range local {
+		if _, ok := l.entries[name]; !ok {
+			l.entries[name] = e
+			c.total++
+		}
+	}
+	l.complete, l.last, l.fetching = true, "", false
+	l.sorted, l.subdirs = nil, 0
+	l.took = time.Since(f.start)
+	l.expiry = time.Now().Add(c.ttl)
+	c.endFetchLocked(f) // changes now apply to the listing in place
+}
+
+// touchPass records the reader's activity: f's listing lives on for the
+// timeout from now.
+func (c *listCache) touchPass(f *listFetch) {
+	if f == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l := c.passListingLocked(f); l != nil {
+		l.expiry = time.Now().Add(c.ttl)
+	}
+}
+
+// endPass ends f's pass (read to its end, rewound or released): its
+// listing, complete or as far as it got, lives for the timeout from now.
+func (c *listCache) endPass(f *listFetch) {
+	if f == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l := c.passListingLocked(f); l != nil {
+		l.pass, l.fetching = nil, false
+		l.expiry = time.Now().Add(c.ttl)
+	}
+	c.detachPassLocked(f)
+}
+
+// passListingLocked returns the listing f feeds, or nil (detaching f)
+// when it no longer does: the listing was dropped or replaced, or a
+// change spoiled it.
+func (c *listCache) passListingLocked(f *listFetch) *listing {
+	l := f.listing
+	if l == nil {
+		return nil
+	}
+	if c.dirs[f.dir] != l {
+		c.detachPassLocked(f)
+		return nil
+	}
+	if f.spoiled && !l.complete {
+		c.dropLocked(f.dir)
+		c.detachPassLocked(f)
+		return nil
+	}
+	return l
+}
+
+func (c *listCache) detachPassLocked(f *listFetch) {
+	if l := f.listing; l != nil && l.pass == f {
+		l.pass, l.fetching = nil, false
+	}
+	f.listing = nil
+	c.endFetchLocked(f)
 }
 
 // recordLocked adds a change of name in dir to the listings of dir in
@@ -200,7 +441,21 @@ type listing struct {
 	refreshing bool          // a refresh was started (claimRefresh)
 	took       time.Duration // how long fetching this listing took
 	entries    map[string]dirEntry
-	sorted     []string // entries' names in order; nil until asked for, and after a change
+	// complete: entries are the whole directory. Otherwise last is the
+	// last key the listing's pages reached, relative to the directory (a
+	// subdirectory's ends in "/"), and entries are the names up to it
+	// (covers).
+	complete bool
+	last     string
+	// pass is the fetch of the directory pass feeding this listing
+	// (startPass) until the pass ends; fetching: a page of it is on its
+	// way, and the listing does not expire meanwhile.
+	pass     *listFetch
+	fetching bool
+	// resume: a pass may go on from this partial listing, at the page
+	// after the one it holds.
+	resume *passStart
+	sorted []string // entries' names in order; nil until asked for, and after a change
 	// subdirs counts the entries that are directories, plus one; 0 until
 	// asked for, and after a change.
 	subdirs int
@@ -226,29 +481,29 @@ func newListCache(ttl time.Duration, maxEntries int) *listCache {
 func (c *listCache) put(dir string, entries map[string]dirEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.putLocked(dir, entries, 0)
+	c.putLocked(dir, entries, 0, "")
 }
 
-// putLocked stores a listing that took took to fetch, and reports whether
-// it was kept.
-func (c *listCache) putLocked(dir string, entries map[string]dirEntry, took time.Duration) bool {
+// putLocked stores a listing that took took to fetch, complete when last
+// is "" and partial up to last otherwise, and reports whether it was kept.
+func (c *listCache) putLocked(dir string, entries map[string]dirEntry, took time.Duration, last string) bool {
 	if c.ttl <= 0 {
 		return false
 	}
 	c.dropLocked(dir)
-	for c.total+len(entries) > c.maxEntries && len(c.dirs) > 0 {
-		c.evictOldestLocked()
+	for c.total+len(entries) > c.maxEntries && c.evictOldestLocked(nil) {
 	}
 	if len(entries) > c.maxEntries {
 		return false
 	}
-	c.dirs[dir] = &listing{expiry: time.Now().Add(c.ttl), entries: entries, took: took}
+	c.dirs[dir] = &listing{expiry: time.Now().Add(c.ttl), entries: entries, took: took, complete: last == "", last: last}
 	c.total += len(entries)
 	return true
 }
 
 // lookup answers whether name is in dir. ok is false when there is no fresh
-// listing of dir.
+// listing of dir that knows: none, or a partial one that has not reached
+// name.
 func (c *listCache) lookup(dir, name string) (e dirEntry, found, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -257,7 +512,31 @@ func (c *listCache) lookup(dir, name string) (e dirEntry, found, ok bool) {
 		return dirEntry{}, false, false
 	}
 	e, found = l.entries[name]
-	return e, found, true
+	if found || l.complete {
+		return e, found, true
+	}
+	return dirEntry{}, false, l.covers(name)
+}
+
+// covers reports whether a partial listing's pages went past every key
+// name could take: the blob name and the prefix name+"/" (which holds
+// every name below it). Stores list in byte order, except that Azurite
+// (and possibly Azure) compare UTF-16 code units, which order characters
+// from U+E000 on differently; names with those never count as passed.
+func (l *listing) covers(name string) bool {
+	return l.last != "" && name+"/" < l.last && byteOrderSafe(name) && byteOrderSafe(l.last)
+}
+
+// byteOrderSafe reports whether s has no character at or above U+E000
+// (UTF-8 lead bytes 0xEE and up), below which byte order and UTF-16 order
+// agree.
+func byteOrderSafe(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0xee {
+			return false
+		}
+	}
+	return true
 }
 
 // holdsStoreNames reports whether dir has a fresh listing with a name that
@@ -283,7 +562,7 @@ func (c *listCache) subdirCount(dir string) (int, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
-	if l == nil {
+	if l == nil || !l.complete {
 		return 0, false
 	}
 	if l.subdirs == 0 {
@@ -298,21 +577,31 @@ func (c *listCache) subdirCount(dir string) (int, bool) {
 	return l.subdirs - 1, true
 }
 
-// snapshot returns a fresh listing of dir in name order, or ok=false.
-func (c *listCache) snapshot(dir string) (names []string, entries map[string]dirEntry, ok bool) {
+// snapshot appends to items a fresh complete listing of dir in name
+// order, or returns ok=false.
+func (c *listCache) snapshot(dir string, items []dirItem) (_ []dirItem, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
-	if l == nil {
-		return nil, nil, false
+	if l == nil || !l.complete {
+		return items, false
 	}
-	entries = make(map[string]dirEntry, len(l.entries))
-	for name, e := range l.entries {
-		names = append(names, name)
-		entries[name] = e
+	for _, name := range l.sortedLocked() {
+		items = append(items, dirItem{name: name, entry: l.entries[name]})
 	}
-	sort.Strings(names)
-	return names, entries, true
+	return items, true
+}
+
+// sortedLocked returns l's names in order, sorting them once per change.
+func (l *listing) sortedLocked() []string {
+	if l.sorted == nil {
+		l.sorted = make([]string, 0, len(l.entries))
+		for n := range l.entries {
+			l.sorted = append(l.sorted, n)
+		}
+		sort.Strings(l.sorted)
+	}
+	return l.sorted
 }
 
 // claimRefresh reports whether dir's listing, still fresh, is in the last
@@ -325,7 +614,7 @@ func (c *listCache) claimRefresh(dir string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
-	if l == nil || l.refreshing || time.Until(l.expiry) > c.ttl/4 {
+	if l == nil || !l.complete || l.pass != nil || l.refreshing || time.Until(l.expiry) > c.ttl/4 {
 		return false
 	}
 	l.refreshing = true
@@ -352,23 +641,17 @@ func (c *listCache) following(dir, name string, max int) []dirItem {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
-	if l == nil {
+	if l == nil || !l.complete {
 		return nil
 	}
-	if l.sorted == nil {
-		l.sorted = make([]string, 0, len(l.entries))
-		for n := range l.entries {
-			l.sorted = append(l.sorted, n)
-		}
-		sort.Strings(l.sorted)
-	}
-	i, found := sort.Find(len(l.sorted), func(i int) int { return strings.Compare(name, l.sorted[i]) })
+	sorted := l.sortedLocked()
+	i, found := sort.Find(len(sorted), func(i int) int { return strings.Compare(name, sorted[i]) })
 	if found {
 		i++
 	}
 	var out []dirItem
-	for ; i < len(l.sorted) && len(out) < max; i++ {
-		out = append(out, dirItem{name: l.sorted[i], entry: l.entries[l.sorted[i]]})
+	for ; i < len(sorted) && len(out) < max; i++ {
+		out = append(out, dirItem{name: sorted[i], entry: l.entries[sorted[i]]})
 	}
 	return out
 }
@@ -425,7 +708,7 @@ func (c *listCache) freshLocked(dir string) *listing {
 	if l == nil {
 		return nil
 	}
-	if now := time.Now(); now.After(l.expiry) && !(l.refreshing && now.Before(l.expiry.Add(refreshGrace(c.ttl, l.took)))) {
+	if now := time.Now(); now.After(l.expiry) && !l.fetching && !(l.refreshing && now.Before(l.expiry.Add(refreshGrace(c.ttl, l.took)))) {
 		c.dropLocked(dir)
 		return nil
 	}
@@ -439,14 +722,20 @@ func (c *listCache) dropLocked(dir string) {
 	}
 }
 
-func (c *listCache) evictOldestLocked() {
+// evictOldestLocked drops the listing that expires first, other than
+// keep, and reports whether there was one.
+func (c *listCache) evictOldestLocked(keep *listing) bool {
 	var oldest string
 	var t time.Time
 	first := true
 	for d, l := range c.dirs {
-		if first || l.expiry.Before(t) {
+		if l != keep && (first || l.expiry.Before(t)) {
 			oldest, t, first = d, l.expiry, false
 		}
 	}
+	if first {
+		return false
+	}
 	c.dropLocked(oldest)
+	return true
 }

@@ -99,9 +99,9 @@ func TestListCacheChangesDuringFetch(t *testing.T) {
 	if !c.putFetched(fetched, fetch) {
 		t.Fatal("a listing fetched while this mount changed its directory was not cached")
 	}
-	names, entries, ok := c.snapshot("d")
-	if !ok || len(names) != 2 || names[0] != "new" || names[1] != "old" || entries["new"].size != 7 {
-		t.Fatalf("listing after replay = %v %v (ok %v), want [new old] with new of 7 bytes", names, entries, ok)
+	items, ok := c.snapshot("d", nil)
+	if !ok || len(items) != 2 || items[0].name != "new" || items[1].name != "old" || items[0].entry.size != 7 {
+		t.Fatalf("listing after replay = %v (ok %v), want [new old] with new of 7 bytes", items, ok)
 	}
 	if _, found, ok := c.lookup("elsewhere", "x"); ok || found {
 		t.Fatal("a change to another directory landed in a listing")

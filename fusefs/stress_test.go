@@ -558,7 +558,12 @@ func TestProbeOfDirectoryListsIt(t *testing.T) {
 	if !fsys.lists.isLarge("big") {
 		t.Fatal("a directory larger than a page was not remembered as large")
 	}
-	if _, _, ok := fsys.lists.lookup("big", "f00000"); ok {
+	// Its first page is kept as a partial listing: it answers for its
+	// names, and not for the one past it.
+	if _, found, ok := fsys.lists.lookup("big", "f00000"); !ok || !found {
+		t.Fatal("the first page of a large directory does not answer for its names")
+	}
+	if _, _, ok := fsys.lists.lookup("big", fmt.Sprintf("f%05d", smallDirPage)); ok {
 		t.Fatal("the first page of a large directory was cached as its whole listing")
 	}
 }

@@ -1,0 +1,352 @@
+package fusefs
+
+import (
+	"context"
+	"strings"
+	"sync"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// A dirStream is one pass of a directory handle over its directory: what
+// READDIR and READDIRPLUS hand out between two rewinds (offset 0).
+//
+// Entries reach the kernel as the pages of the store's listing arrive, not
+// once the whole directory is listed. A pass that starts right after a
+// lookup of the directory (`ls` on a fresh mount) goes on from the page
+// of up to 5,000 names that the lookup fetched (keepListing); one that
+// starts from the top asks for a small first page (firstListPage names),
+// so that the first getdents waits for one short request; later pages are
+// full ones. A fetcher goroutine stays up to one page ahead of the reader,
+// so that the next page is on its way while the kernel takes the current
+// one, and stops there: a reader that pauses costs no more requests, and
+// what is fetched beyond what was read stays within a page.
+//
+// Offsets: the pass's entries are ".", "..", then the store's names in
+// listing order (byte order of the blob names; a directory stands where
+// its "name/" prefix does), then the names that exist only here (files
+// created and not committed yet). The entry at position i (from 0) has
+// d_off i+1: an offset is a position in the pass. Every entry handed out
+// stays in the pass until it ends, so a getdents that continues after a
+// pause, or a seekdir to any offset a telldir returned, resumes exactly
+// where it left off; offset 0 starts a new pass, with a new listing (or
+// the cached one, if fresh). A name is handed out at most once per pass
+// (index); names created or removed during the pass may or may not show,
+// as POSIX allows, and no other name is lost or repeated. A pass keeps
+// about 250 bytes per entry besides its name (items, index), for as long
+// as the handle is open; the listing cache about 180 more.
+//
+// A name that is both a blob and a prefix is one directory (a marker blob
+// with children, usually): the blob comes first in the listing, so a blob
+// is held back until the listing has passed where its prefix would be
+// (pageMerger), which is at once unless the name is a prefix of the next
+// one, and at worst the next page.
+//
+// The pass feeds the listing cache as it goes (listCache.startPass): a
+// lookup of a name the pass has shown is answered without a request, and
+// the listing, complete once the last page is in, lives for ListTimeout
+// after the pass ends.
+//
+// After a restart the new process has the handle but no pass: a READDIR at
+// offset n > 0 starts a new listing and skips its first n entries. That
+// resumes exactly when the directory did not change meanwhile; otherwise a
+// name may be repeated or skipped there.
+//
+// Locking: a handle's passes are serialised by handle.dirMu (the kernel
+// sends one READDIR of a file at a time anyway); mu guards the fields
+// below it, shared with the fetcher. mu is never taken under FS.mu.
+type dirStream struct {
+	fs     *FS
+	dir    string // the directory's path, "" for the root
+	prefix string // dir + "/", "" for the root
+	fetch  *listFetch
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu   sync.Mutex
+	cond *sync.Cond // broadcast when items grow, or the listing ends or fails
+	// items are the pass's entries in order, only ever appended: a reader
+	// may keep a slice of them without mu.
+	items []dirItem
+	// index holds every name in items.
+	index  map[string]struct{}
+	merger pageMerger
+	marker string // where the next page starts
+	pages  int    // pages fetched
+	// pageLen is the most names a page has brought: the fetcher stays
+	// that far ahead of the reader.
+	pageLen int
+	// done: the store's listing ended and the local names are in items.
+	done bool
+	// err is the last page's failure; the reader who needs more gets it
+	// and the next read tries again.
+	err      error
+	fetching bool // the fetcher runs
+	closed   bool
+	// want is one past the last position the reader asked for: the
+	// fetcher stays a page ahead of it.
+	want int
+}
+
+const (
+	// firstListPage is the size of a pass's first page: on Azurite a
+	// page costs about 150 ms plus 0.1 ms a name, so 500 names come in
+	// 0.25 s against 0.75 s for a full page; one page more in all.
+	firstListPage = 500
+	// listPage is the size of the pages after it (the store's largest).
+	listPage = blobstore.MaxListResults
+)
+
+// newDirStream starts a pass over the directory at dir: from a fresh
+// complete listing when the cache has one, else from the store.
+func (fs *FS) newDirStream(dir string) *dirStream {
+	s := &dirStream{fs: fs, dir: dir, index: map[string]struct{}{}}
+	if dir != "" {
+		s.prefix = dir + "/"
+	}
+	s.cond = sync.NewCond(&s.mu)
+	s.merger.prefix = s.prefix
+	s.items = append(s.items, dirItem{name: ".", entry: dirEntry{kind: kindDir}}, dirItem{name: "..", entry: dirEntry{kind: kindDir}})
+	if items, ok := fs.lists.snapshot(dir, s.items); ok {
+		s.items, s.done = items, true
+		return s
+	}
+	s.ctx, s.cancel = context.WithCancel(fs.ctx)
+	var start *passStart
+	s.fetch, start = fs.lists.startPass(dir)
+	if start != nil {
+		// The page a lookup of the directory fetched (keepListing).
+		// s is not shared yet: no need for mu.
+		for _, it := range start.items {
+			s.appendLocked(it)
+		}
+		s.marker, s.merger = start.marker, start.merger
+		s.pages, s.pageLen = 1, max(len(start.items), 1)
+	}
+	return s
+}
+
+// await returns the pass's entries, with at least one at position off
+// unless the pass has fewer: it waits for the listing only when the
+// entries at hand end before off, or are only "." and "..".
+func (s *dirStream) await(off int) ([]dirItem, error) {
+	need := max(off, 2) // "." and ".." alone are not worth a reply
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.want = max(s.want, need+1) // the fetcher goes on until len(items) > need
+	for len(s.items) <= need && !s.done {
+		if err := s.err; err != nil {
+			s.err = nil // the next read tries again
+			return nil, err
+		}
+		s.startFetcherLocked()
+		s.cond.Wait()
+	}
+	s.startFetcherLocked()
+	return s.items, nil
+}
+
+// read records that the reader got the entries before position end, and
+// whether it found nothing more (the end of the pass).
+func (s *dirStream) read(end int, atEnd bool) {
+	s.mu.Lock()
+	s.want = max(s.want, end)
+	s.startFetcherLocked()
+	s.mu.Unlock()
+	if atEnd {
+		s.fs.lists.endPass(s.fetch)
+	} else {
+		s.fs.lists.touchPass(s.fetch)
+	}
+}
+
+// close ends the pass: the fetcher stops, and the listing it fed lives on
+// for ListTimeout from now.
+func (s *dirStream) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.fs.lists.endPass(s.fetch)
+}
+
+// startFetcherLocked starts the fetcher if the pass needs a page: the
+// listing goes on, no page failed, and the pass is not a page ahead of
+// the reader.
+func (s *dirStream) startFetcherLocked() {
+	if s.fetching || s.done || s.closed || s.err != nil || s.aheadLocked() {
+		return
+	}
+	s.fetching = true
+	s.fs.bg.Add(1)
+	go s.fetcher()
+}
+
+// aheadLocked reports whether the entries at hand beyond what the reader
+// asked for make a page.
+func (s *dirStream) aheadLocked() bool {
+	return s.pages > 0 && len(s.items)-s.want >= max(s.pageLen, 1)
+}
+
+// fetcher fetches pages until the listing ends, fails, or is a page ahead
+// of the reader.
+func (s *dirStream) fetcher() {
+	defer s.fs.bg.Done()
+	for {
+		s.mu.Lock()
+		if s.done || s.closed || s.aheadLocked() {
+			s.fetching = false
+			s.mu.Unlock()
+			return
+		}
+		opts := blobstore.ListOptions{Prefix: s.prefix, Delimiter: "/", Marker: s.marker, MaxResults: listPage}
+		if s.pages == 0 {
+			opts.MaxResults = firstListPage
+		}
+		s.mu.Unlock()
+
+		s.fs.lists.passFetching(s.fetch, true)
+		page, err := s.fs.store.List(s.ctx, opts)
+		if err != nil {
+			s.fs.lists.passFetching(s.fetch, false)
+			s.mu.Lock()
+			if !s.closed {
+				if s.ctx.Err() == nil { // else the filesystem is closing
+					s.fs.log.Warn("list failed", "path", s.dir, "err", err)
+				}
+				s.err = err
+			}
+			s.fetching = false
+			s.cond.Broadcast()
+			s.mu.Unlock()
+			return
+		}
+		var added []dirItem
+		emit := func(it dirItem) { added = append(added, it) }
+		s.merger.add(page, emit)
+		last := s.merger.last
+		if page.NextMarker == "" {
+			s.merger.flush(emit)
+		} else if s.pages == 0 {
+			// Too large for a lookup to list whole: probe names
+			// in it one by one meanwhile (warmListing, probe).
+			s.fs.lists.markLarge(s.dir)
+		}
+		var local map[string]dirEntry
+		if page.NextMarker == "" {
+			local = map[string]dirEntry{}
+			s.fs.mergeLocal(s.dir, local)
+		}
+		s.fs.lists.passPage(s.fetch, added, last)
+		if local != nil {
+			s.fs.lists.passListed(s.fetch, local)
+		}
+
+		s.mu.Lock()
+		s.pages++
+		s.pageLen = max(s.pageLen, len(page.Blobs)+len(page.Prefixes))
+		s.marker = page.NextMarker
+		for _, it := range added {
+			s.appendLocked(it)
+		}
+		if page.NextMarker == "" {
+			for _, name := range sortedKeys(local) {
+				s.appendLocked(dirItem{name: name, entry: local[name]})
+			}
+			s.done = true
+		}
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	}
+}
+
+// appendLocked adds it to the pass unless its name was handed out
+// already (a store that lists out of order; never otherwise).
+func (s *dirStream) appendLocked(it dirItem) {
+	if _, dup := s.index[it.name]; dup {
+		return
+	}
+	s.index[it.name] = struct{}{}
+	s.items = append(s.items, it)
+}
+
+// pageMerger turns the pages of one listing into directory entries, in
+// listing order. A page's blobs and prefixes come in two lists; merged by
+// name they are in the order of the listing, where a blob "a" comes
+// before its prefix "a/" and only names that start with "a" and a byte
+// below '/' come between them. So a blob is held until a key at or past
+// its prefix's place arrives: a prefix of the same name makes both one
+// directory (with the marker's attributes, if the blob is a marker); any
+// other key lets the blob go as it is.
+type pageMerger struct {
+	prefix string
+	// held are blobs whose prefix may still come: each is a prefix of
+	// the last key, so there are at most as many as its bytes.
+	held []dirItem
+	// last is the last key seen, relative to prefix; a prefix's ends in
+	// "/". Every name up to it has been listed.
+	last string
+}
+
+// add merges one page, calling emit for each entry whose kind is settled.
+// Names that cannot be file names are skipped, never mangled.
+func (m *pageMerger) add(page blobstore.ListPage, emit func(dirItem)) {
+	blobs, prefixes := page.Blobs, page.Prefixes
+	for len(blobs) > 0 || len(prefixes) > 0 {
+		if len(prefixes) == 0 || len(blobs) > 0 && blobs[0].Name < prefixes[0] {
+			b := blobs[0]
+			blobs = blobs[1:]
+			key := strings.TrimPrefix(b.Name, m.prefix)
+			m.release(key, emit)
+			if checkName(key) == fuse.OK {
+				m.held = append(m.held, dirItem{name: key, entry: entryFromAttrs(b)})
+			}
+			continue
+		}
+		key := strings.TrimPrefix(prefixes[0], m.prefix)
+		prefixes = prefixes[1:]
+		name := strings.TrimSuffix(key, "/")
+		e := dirEntry{kind: kindDir}
+		for i, h := range m.held {
+			if h.name == name {
+				if h.entry.kind == kindDir {
+					e.mtime, e.attrs = h.entry.mtime, h.entry.attrs // the marker's
+				}
+				m.held = append(m.held[:i], m.held[i+1:]...)
+				break
+			}
+		}
+		m.release(key, emit)
+		if checkName(name) == fuse.OK {
+			emit(dirItem{name: name, entry: e})
+		}
+	}
+}
+
+// release emits the held blobs whose prefix would come before key, and
+// records key as the last one seen.
+func (m *pageMerger) release(key string, emit func(dirItem)) {
+	kept := m.held[:0]
+	for _, h := range m.held {
+		if h.name+"/" < key {
+			emit(h)
+		} else {
+			kept = append(kept, h)
+		}
+	}
+	clear(m.held[len(kept):])
+	m.held = kept
+	m.last = key
+}
+
+// flush emits the held blobs: the listing ended.
+func (m *pageMerger) flush(emit func(dirItem)) {
+	for _, h := range m.held {
+		emit(h)
+	}
+	m.held = nil
+}
