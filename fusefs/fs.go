@@ -527,11 +527,7 @@ func (fs *FS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) 
 	if (fs.attrFresh(n) || !attached) && !needAttrs {
 		fs.mu.Unlock()
 		fs.countSubdirs(n, path)
-		fs.mu.Lock()
-		fs.fillAttr(n, &out.Attr)
-		fs.mu.Unlock()
-		out.SetTimeout(fs.opts.AttrTimeout)
-		return fuse.OK
+		return fs.answerAttr(n, out)
 	}
 	fs.mu.Unlock()
 
@@ -548,11 +544,7 @@ func (fs *FS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) 
 		return toStatus(err)
 	}
 	fs.countSubdirs(n, path)
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	fs.fillAttr(n, &out.Attr)
-	out.SetTimeout(fs.opts.AttrTimeout)
-	return fuse.OK
+	return fs.answerAttr(n, out)
 }
 
 // applyStatLocked records what a Stat of n's path returned (a, err): a
@@ -602,6 +594,15 @@ func (fs *FS) loadAttrs(ctx context.Context, n *node, path string) error {
 	return fs.applyStatLocked(n, a, err)
 }
 
+// answerAttr fills out with n's attributes as they are now.
+func (fs *FS) answerAttr(n *node, out *fuse.AttrOut) fuse.Status {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.fillAttr(n, &out.Attr)
+	out.SetTimeout(fs.opts.AttrTimeout)
+	return fuse.OK
+}
+
 func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) fuse.Status {
 	n, path, st := fs.node(in.NodeId)
 	if n == nil {
@@ -627,11 +628,7 @@ func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) 
 	setUID = setUID && uid != cur.uid
 	setGID = setGID && gid != cur.gid
 	if !setMode && !setUID && !setGID && !setSize && !setAtime && !setMtime {
-		fs.mu.Lock()
-		defer fs.mu.Unlock()
-		fs.fillAttr(n, &out.Attr)
-		out.SetTimeout(fs.opts.AttrTimeout)
-		return fuse.OK
+		return fs.answerAttr(n, out)
 	}
 	if fs.opts.ReadOnly {
 		return fuse.EROFS
@@ -704,11 +701,7 @@ func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) 
 		fs.mu.Unlock()
 		fs.refreshEntry(n, path)
 	}
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	fs.fillAttr(n, &out.Attr)
-	out.SetTimeout(fs.opts.AttrTimeout)
-	return fuse.OK
+	return fs.answerAttr(n, out)
 }
 
 // countSubdirs updates a directory node's count of subdirectories (its

@@ -203,18 +203,8 @@ func TestLostSessionSpillFilesRecovered(t *testing.T) {
 // orphans into the second: they go to lost+found, with a warning.
 func TestSpillFileOfAnotherStoreIsKept(t *testing.T) {
 	cache := t.TempDir()
-	spillDir := join(cache, "spill")
-	if err := os.MkdirAll(spillDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	orphan := join(spillDir, spillPrefix+"orphan")
-	if err := os.WriteFile(orphan, []byte("data of store A"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	rec, _ := json.Marshal(spillRecord{Store: "azure:https://a.example/one", Blob: "f.txt", Dirty: true, IfNoneMatch: true})
-	if err := unix.Setxattr(orphan, spillRecordXattr, rec, 0); err != nil {
-		t.Skipf("the temporary directory keeps no extended attributes: %v", err)
-	}
+	writeOrphan(t, join(cache, "spill"), "orphan", []byte("data of store A"),
+		spillRecord{Store: "azure:https://a.example/one", Blob: "f.txt", Dirty: true, IfNoneMatch: true})
 	store := blobstore.NewMemory()
 	log, logged := capturingLogger(t)
 	fsys, err := New(store, Options{CacheDir: cache, StoreID: "azure:https://b.example/two", Logger: log})

@@ -130,7 +130,7 @@ func TestMountMetrics(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no restart pause recorded after the worker was killed:\n%s", grepMetric(body, "blobfs_restart_pause"))
+			t.Fatalf("no restart pause recorded after the worker was killed:\n%s", linesContaining(body, "blobfs_restart_pause"))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -170,14 +170,4 @@ func TestMountMetricsAddressInUse(t *testing.T) {
 	if mounted(t, mp) {
 		t.Error("mounted anyway")
 	}
-}
-
-func grepMetric(body, prefix string) string {
-	var out []string
-	for _, l := range strings.Split(body, "\n") {
-		if strings.HasPrefix(l, prefix) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
 }

@@ -500,7 +500,7 @@ func TestRestartPauseMetric(t *testing.T) {
 	n, _ := metricValue(body, "blobfs_restart_pause_seconds_count")
 	sum, _ := metricValue(body, "blobfs_restart_pause_seconds_sum")
 	if n != 1 || sum < 0.5 || sum > upperBound.Seconds() {
-		t.Errorf("restart pauses: %v observations summing to %vs; want 1, between 0.5s and %v:\n%s", n, sum, upperBound, grepMetric(body, "blobfs_restart_pause"))
+		t.Errorf("restart pauses: %v observations summing to %vs; want 1, between 0.5s and %v:\n%s", n, sum, upperBound, linesContaining(body, "blobfs_restart_pause"))
 	}
 	r.teardown(target)
 }
@@ -578,6 +578,21 @@ func waitExit(cmd *exec.Cmd, within time.Duration) error {
 	}
 }
 
+// killBoth writes kept.txt ("still here") through target, then kills the
+// keeper and the driver, every holder of the mount's fds: the mount must
+// be dead.
+func (r *restartRig) killBoth(target string) {
+	r.t.Helper()
+	if err := os.WriteFile(filepath.Join(target, "kept.txt"), []byte("still here"), 0o644); err != nil {
+		r.t.Fatal(err)
+	}
+	r.killKeeper()
+	r.stopDriver(syscall.SIGKILL)
+	if _, err := os.Stat(filepath.Join(target, "kept.txt")); err == nil {
+		r.t.Fatal("the mount still answers with no server and no keeper")
+	}
+}
+
 // TestKeeperAndDriverKilled: with every holder of the fds gone, the mounts
 // are dead ("transport endpoint is not connected"). The restarted driver
 // reports the volume abnormal, and the next NodePublishVolume for a new
@@ -586,14 +601,7 @@ func waitExit(cmd *exec.Cmd, within time.Duration) error {
 // there.
 func TestKeeperAndDriverKilled(t *testing.T) {
 	r, target := newPublishedRig(t)
-	if err := os.WriteFile(filepath.Join(target, "kept.txt"), []byte("still here"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r.killKeeper()
-	r.stopDriver(syscall.SIGKILL)
-	if _, err := os.Stat(filepath.Join(target, "kept.txt")); err == nil {
-		t.Fatal("the mount still answers with no server and no keeper")
-	}
+	r.killBoth(target)
 	r.startKeeper()
 	r.startDriver()
 	ctx := context.Background()

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -81,14 +80,7 @@ users:
 func TestSelfHealFromStageSecretRef(t *testing.T) {
 	r, target := newPublishedRig(t)
 	kubeconfig, requests := fakeAPIServer(t, r.volumeID, r.secrets())
-	if err := os.WriteFile(filepath.Join(target, "kept.txt"), []byte("still here"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r.killKeeper()
-	r.stopDriver(syscall.SIGKILL)
-	if _, err := os.Stat(filepath.Join(target, "kept.txt")); err == nil {
-		t.Fatal("the mount still answers with no server and no keeper")
-	}
+	r.killBoth(target)
 	start := time.Now()
 	r.startKeeper()
 	r.startDriver("--kubeconfig=" + kubeconfig)
