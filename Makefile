@@ -41,12 +41,13 @@ test-csi:
 		$(GO) test -race -count=1 ./csi/... ./deploy/... ./cmd/...
 
 # End-to-end tests on a real kubelet (deploy/e2e): a single-node Kubernetes
-# built on this machine, blobfs's CSI driver on the host, Azurite as the
+# built on this machine, blobfs installed from this image with
+# `kubectl apply -k` of deploy/ (through deploy/e2e/overlay), Azurite as the
 # store; torn down afterwards. Root only; one run per machine. One
 # scenario: make e2e E2E_ARGS='-run TestDynamicProvisioning'.
 E2E_ARGS ?=
-e2e: build image
-	BLOBFS_E2E=1 BLOBFS_E2E_BIN=$(CURDIR)/$(BIN) BLOBFS_E2E_IMAGE=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -timeout 90m -v ./deploy/e2e $(E2E_ARGS)
+e2e: image
+	BLOBFS_E2E=1 BLOBFS_E2E_IMAGE=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -timeout 90m -v ./deploy/e2e $(E2E_ARGS)
 
 # The container image of the CSI driver (controller and node plugin), built
 # without a daemon (cmd/blobfs-image): bin/blobfs-image.tar, tagged

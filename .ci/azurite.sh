@@ -25,6 +25,8 @@
 #   BLOBFS_CACHE       cache root (default $HOME/.cache/blobfs); azurite is
 #                      installed in $BLOBFS_CACHE/azurite-$AZURITE_VERSION
 #   AZURITE_PORT       blob port (default 10000)
+#   AZURITE_HOST       address to listen on (default 127.0.0.1; the
+#                      end-to-end tests' pods need it on their bridge)
 #   AZURITE_RUN_DIR    pid and log files (default $BLOBFS_CACHE/azurite-run)
 set -euo pipefail
 
@@ -32,6 +34,7 @@ AZURITE_VERSION=3.37.0
 CACHE=${BLOBFS_CACHE:-${HOME:-/root}/.cache/blobfs}
 PREFIX=$CACHE/azurite-$AZURITE_VERSION
 PORT=${AZURITE_PORT:-10000}
+HOST=${AZURITE_HOST:-127.0.0.1}
 RUN_DIR=${AZURITE_RUN_DIR:-$CACHE/azurite-run}
 PID_FILE=$RUN_DIR/azurite-$PORT.pid
 LOG_FILE=$RUN_DIR/azurite-$PORT.log
@@ -87,7 +90,7 @@ cmd_start() {
 	local work
 	work=$(mktemp -d "${TMPDIR:-/tmp}/azurite.XXXXXX")
 	(cd "$work" && exec setsid "$BIN" \
-		--blobHost 127.0.0.1 --blobPort "$PORT" \
+		--blobHost "$HOST" --blobPort "$PORT" \
 		--inMemoryPersistence \
 		--skipApiVersionCheck --loose \
 		--disableTelemetry \

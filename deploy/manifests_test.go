@@ -146,7 +146,7 @@ func TestStrictDecodingCatchesTypos(t *testing.T) {
 // surge update, the sidecars.
 func TestManifestsFitTogether(t *testing.T) {
 	all := decodeAll(t)
-	var ds *appsv1.DaemonSet
+	var ds, keeper *appsv1.DaemonSet
 	var dep *appsv1.Deployment
 	for _, objs := range all {
 		for _, o := range objs {
@@ -183,15 +183,23 @@ func TestManifestsFitTogether(t *testing.T) {
 					}
 				}
 			case *appsv1.DaemonSet:
-				ds = o
+				switch o.Name {
+				case "blobfs-csi-node":
+					ds = o
+				case "blobfs-csi-keeper":
+					keeper = o
+				default:
+					t.Errorf("unexpected DaemonSet %s", o.Name)
+				}
 			case *appsv1.Deployment:
 				dep = o
 			}
 		}
 	}
-	if ds == nil || dep == nil {
-		t.Fatal("node DaemonSet or controller Deployment missing")
+	if ds == nil || keeper == nil || dep == nil {
+		t.Fatal("node DaemonSet, keeper DaemonSet or controller Deployment missing")
 	}
+	checkKeeper(t, ds, keeper)
 	ru := ds.Spec.UpdateStrategy.RollingUpdate
 	if ru == nil || ru.MaxSurge == nil || ru.MaxSurge.IntValue() < 1 {
 		t.Error("node DaemonSet: rolling update needs maxSurge >= 1")
@@ -267,6 +275,56 @@ func TestManifestsFitTogether(t *testing.T) {
 		if !found {
 			t.Errorf("no metrics Service reaches the metrics port of the pods labelled %v", w.labels)
 		}
+	}
+}
+
+// checkKeeper: the keeper is a DaemonSet of its own (so that deleting the
+// node plugin's pod does not stop it), rolls out with a surge (its
+// successor takes the mounts over), and listens where the driver looks
+// for it: the same host directory, the socket --keeper-socket names.
+func checkKeeper(t *testing.T, node, keeper *appsv1.DaemonSet) {
+	t.Helper()
+	for _, c := range node.Spec.Template.Spec.Containers {
+		if slices.Contains(c.Args, "keeper") {
+			t.Errorf("node DaemonSet runs the keeper in its pod (container %s): it would die with the pod", c.Name)
+		}
+	}
+	if ru := keeper.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxSurge == nil || ru.MaxSurge.IntValue() < 1 {
+		t.Error("keeper DaemonSet: rolling update needs maxSurge >= 1")
+	}
+	hostDir := func(spec corev1.PodSpec, c corev1.Container, mountPath string) string {
+		for _, m := range c.VolumeMounts {
+			if m.MountPath == mountPath {
+				for _, v := range spec.Volumes {
+					if v.Name == m.Name && v.HostPath != nil {
+						return v.HostPath.Path
+					}
+				}
+			}
+		}
+		return ""
+	}
+	flag := func(c corev1.Container, name string) string {
+		for _, a := range c.Args {
+			if v, ok := strings.CutPrefix(a, name+"="); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	var driverSide, keeperSide string
+	for _, c := range node.Spec.Template.Spec.Containers {
+		if sock := flag(c, "--keeper-socket"); sock != "" {
+			driverSide = filepath.Join(hostDir(node.Spec.Template.Spec, c, filepath.Dir(sock)), filepath.Base(sock))
+		}
+	}
+	for _, c := range keeper.Spec.Template.Spec.Containers {
+		if sock := flag(c, "--socket"); sock != "" && slices.Contains(c.Args, "keeper") {
+			keeperSide = filepath.Join(hostDir(keeper.Spec.Template.Spec, c, filepath.Dir(sock)), filepath.Base(sock))
+		}
+	}
+	if driverSide == "" || driverSide != keeperSide {
+		t.Errorf("the driver looks for its keeper at %q on the host, the keeper listens at %q", driverSide, keeperSide)
 	}
 }
 

@@ -25,12 +25,13 @@ import (
 // the same.
 const kubeVersion = "v1.34.4"
 
-// kubeCommands are built from k8s.io/kubernetes (no scheduler: the test
-// pods name their node).
-var kubeCommands = []string{"kubelet", "kube-apiserver", "kube-controller-manager", "kubectl"}
+// kubeCommands are built from k8s.io/kubernetes. The scheduler places
+// the pods of deploy/'s DaemonSet and Deployment (the test's own pods
+// name their node).
+var kubeCommands = []string{"kubelet", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"}
 
 // debianPackages are unpacked (dpkg -x) into the cache, not installed.
-var debianPackages = []string{"containerd", "runc", "etcd-server", "busybox-static"}
+var debianPackages = []string{"containerd", "runc", "etcd-server", "busybox-static", "containernetworking-plugins"}
 
 // Image references the pods use; imported into containerd, never pulled.
 const (
@@ -74,6 +75,9 @@ func shortHash(s string) string {
 }
 
 func (a *artifacts) bin(name string) string { return filepath.Join(a.kubeBin, name) }
+
+// cniBin is the directory of the CNI plugins (bridge, host-local, loopback).
+func (a *artifacts) cniBin() string { return filepath.Join(a.root, "usr/lib/cni") }
 
 // debBin finds a program in the unpacked packages.
 func (a *artifacts) debBin(name string) string {
@@ -178,6 +182,11 @@ func (a *artifacts) ensureDebian() error {
 			return fmt.Errorf("the packages hold no %s", p)
 		}
 	}
+	for _, p := range []string{"bridge", "host-local", "loopback"} {
+		if _, err := os.Stat(filepath.Join(a.cniBin(), p)); err != nil {
+			return fmt.Errorf("the packages hold no CNI plugin %s", p)
+		}
+	}
 	return os.WriteFile(done, []byte(strings.Join(debianPackages, "\n")+"\n"), 0o644)
 }
 
@@ -224,7 +233,7 @@ func (a *artifacts) ensureImages() error {
 	if err != nil {
 		return err
 	}
-	if err := writeImage(filepath.Join(tmp, "pause.tar"), pauseImage, []string{"/pause"},
+	if err := writeImage(filepath.Join(tmp, "pause.tar"), pauseImage, nil, []string{"/pause"},
 		[]layerFile{{name: "pause", mode: 0o755, data: pauseBin}}); err != nil {
 		return err
 	}
@@ -249,7 +258,7 @@ func (a *artifacts) ensureImages() error {
 			files = append(files, layerFile{name: "bin/" + applet, link: "busybox"})
 		}
 	}
-	if err := writeImage(filepath.Join(tmp, "busybox.tar"), busyboxImage, []string{"/bin/sh"}, files); err != nil {
+	if err := writeImage(filepath.Join(tmp, "busybox.tar"), busyboxImage, nil, []string{"/bin/sh"}, files); err != nil {
 		return err
 	}
 	os.RemoveAll(a.images)
@@ -265,7 +274,7 @@ type layerFile struct {
 
 // writeImage writes a one-layer image in docker-save format, which
 // `ctr images import` reads.
-func writeImage(out, ref string, cmd []string, files []layerFile) error {
+func writeImage(out, ref string, entrypoint, cmd []string, files []layerFile) error {
 	var layer bytes.Buffer
 	tw := tar.NewWriter(&layer)
 	for _, f := range files {
@@ -294,7 +303,7 @@ func writeImage(out, ref string, cmd []string, files []layerFile) error {
 	diffID := hex.EncodeToString(diffSum[:])
 	config, err := json.Marshal(map[string]any{
 		"architecture": "amd64", "os": "linux", "created": "1970-01-01T00:00:00Z",
-		"config": map[string]any{"Env": []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, "Cmd": cmd, "WorkingDir": "/"},
+		"config": map[string]any{"Env": []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, "Entrypoint": entrypoint, "Cmd": cmd, "WorkingDir": "/"},
 		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + diffID}},
 	})
 	if err != nil {

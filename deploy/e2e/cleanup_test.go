@@ -30,12 +30,24 @@ import (
 var kubeletSysctls = []string{
 	"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
 	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+	// set by the CNI bridge plugin (isGateway)
+	"net/ipv4/ip_forward",
 }
 
-// hardCodedPaths are created by kubelet and containerd 1.6 outside the
-// directories they are given; removed at the end if they did not exist
+// hardCodedPaths are created outside the run directory: by containerd 1.6
+// (/run/containerd), and by kubelet and deploy/'s manifests, which name
+// the standard kubelet directory and blobfs's cache directory on the node
+// (the tests run kubelet with its standard root directory so that the
+// manifests apply unchanged). Removed at the end if they did not exist
 // before.
-var hardCodedPaths = []string{"/var/lib/kubelet", "/run/containerd"}
+var hardCodedPaths = []string{kubeletRoot, "/var/lib/blobfs", "/run/containerd"}
+
+// kubeletRoot is kubelet's root directory, as deploy/ expects it.
+const kubeletRoot = "/var/lib/kubelet"
+
+// bridgeName is the test node's pod bridge (cluster_test.go); removed by
+// the clean-up.
+const bridgeName = "blobfs-e2e0"
 
 func saveSysctls(file string) error {
 	if _, err := os.Stat(file); err == nil {
@@ -259,8 +271,16 @@ func cleanUp(runDir, cacheDir string) []error {
 
 	created, _ := os.ReadFile(filepath.Join(runDir, "created-paths"))
 	createdPaths := strings.Fields(string(created))
-	if err := unmountAll(append([]string{runDir}, createdPaths...)...); err != nil {
+	// Mounts under kubelet's directory are the run's even when the
+	// directory was there before: the run holds the machine's lock, and
+	// another kubelet is refused at the start (checkNoOtherKubelet).
+	if err := unmountAll(append([]string{runDir, kubeletRoot}, createdPaths...)...); err != nil {
 		errs = append(errs, err)
+	}
+	if _, err := os.Stat("/sys/class/net/" + bridgeName); err == nil {
+		if out, err := exec.Command("ip", "link", "del", bridgeName).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("ip link del %s: %v: %s", bridgeName, err, out))
+		}
 	}
 	errs = append(errs, restoreSysctls(filepath.Join(runDir, "sysctls.json"))...)
 
@@ -297,4 +317,23 @@ func stopAzurite(runDir string) {
 			logf("azurite.sh stop: %v: %s", err, out)
 		}
 	}
+}
+
+// checkNoOtherKubelet refuses a machine that runs a kubelet other than a
+// run's own: the tests use kubelet's standard directory, whose mounts the
+// clean-up removes.
+func checkNoOtherKubelet(cacheDir string) error {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if err != nil || filepath.Base(exe) != "kubelet" || strings.HasPrefix(exe, cacheDir+"/") {
+			continue
+		}
+		return fmt.Errorf("another kubelet runs on this machine (pid %d, %s): the end-to-end tests need a machine of their own", pid, exe)
+	}
+	return nil
 }

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // cluster is the single-node Kubernetes of a run and what runs on it.
@@ -23,7 +25,6 @@ type cluster struct {
 	adminKubeconfig          string
 	azuritePort              int
 	azuriteURL               string // http://127.0.0.1:PORT/devstoreaccount1
-	blobfs                   string // the blobfs binary under test (a copy in the run directory)
 }
 
 func (c *cluster) path(parts ...string) string {
@@ -34,8 +35,14 @@ func (c *cluster) path(parts ...string) string {
 // kubelet, and waits until the node is Ready and the default service
 // account exists (pods are refused before).
 func (c *cluster) up(ctx context.Context) error {
+	if err := makeBridge(); err != nil {
+		return err
+	}
+	if err := makeShared(kubeletRoot); err != nil {
+		return err
+	}
 	for _, d := range []string{"etc", "containerd/root", "containerd/state", "containerd/opt", "cni/net.d", "cni/bin",
-		"etcd", "apiserver", "pod-logs", "kubelet", "blobfs-cache"} {
+		"etcd", "apiserver", "pod-logs", "kubelet-pki"} {
 		if err := os.MkdirAll(c.path(d), 0o755); err != nil {
 			return err
 		}
@@ -79,7 +86,9 @@ func (c *cluster) up(ctx context.Context) error {
 	}
 	p := c.pki
 	if _, err := c.procs.start("kube-apiserver", nil, c.art.bin("kube-apiserver"),
-		"--etcd-servers=http://127.0.0.1:2379", "--bind-address=127.0.0.1", "--secure-port=6443",
+		"--etcd-servers=http://127.0.0.1:2379",
+		// Pods reach it on the bridge's address (deploy/e2e/overlay).
+		"--bind-address=0.0.0.0", "--secure-port=6443",
 		"--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
 		"--tls-cert-file="+p.path("apiserver", "crt"), "--tls-private-key-file="+p.path("apiserver", "key"),
 		"--client-ca-file="+p.path("ca", "crt"),
@@ -104,6 +113,14 @@ func (c *cluster) up(ctx context.Context) error {
 		"--service-account-private-key-file="+p.path("sa", "key"), "--root-ca-file="+p.path("ca", "crt"),
 		"--use-service-account-credentials=true",
 		"--cluster-signing-cert-file="+p.path("ca", "crt"), "--cluster-signing-key-file="+p.path("ca", "key")); err != nil {
+		return err
+	}
+	// The scheduler places the pods of deploy/'s DaemonSets and
+	// Deployment; the tests' own pods name their node.
+	sched := c.path("etc/kube-scheduler.kubeconfig")
+	if _, err := c.procs.start("kube-scheduler", nil, c.art.bin("kube-scheduler"),
+		"--kubeconfig="+sched, "--authentication-kubeconfig="+sched, "--authorization-kubeconfig="+sched,
+		"--bind-address=127.0.0.1", "--secure-port=10259", "--leader-elect=false"); err != nil {
 		return err
 	}
 	if err := c.startKubelet(); err != nil {
@@ -143,16 +160,12 @@ func (c *cluster) makePKI() error {
 		orgs     []string
 		hosts    []string
 	}{
-		{"apiserver", "kube-apiserver", nil, []string{"127.0.0.1", "10.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"}},
+		{"apiserver", "kube-apiserver", nil, []string{"127.0.0.1", "10.0.0.1", bridgeIP, "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"}},
 		{"admin", "admin", []string{"system:masters"}, nil},
 		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, nil},
 		{"kubelet", "system:node:" + c.node, []string{"system:nodes"}, nil},
 		{"controller-manager", "system:kube-controller-manager", nil, nil},
-		// The driver authenticates as the service accounts the manifests
-		// bind (deploy/rbac.yaml): the API server takes a client
-		// certificate's common name as the user name.
-		{"blobfs-csi-node", "system:serviceaccount:kube-system:blobfs-csi-node", []string{"system:serviceaccounts", "system:serviceaccounts:kube-system"}, nil},
-		{"blobfs-csi-controller", "system:serviceaccount:kube-system:blobfs-csi-controller", []string{"system:serviceaccounts", "system:serviceaccounts:kube-system"}, nil},
+		{"kube-scheduler", "system:kube-scheduler", nil, nil},
 	}
 	for _, s := range steps {
 		if err := p.issue(s.name, s.cn, s.orgs, s.hosts...); err != nil {
@@ -162,7 +175,7 @@ func (c *cluster) makePKI() error {
 	if err := p.serviceAccountKey(); err != nil {
 		return err
 	}
-	for _, u := range []string{"admin", "kubelet", "controller-manager", "blobfs-csi-node", "blobfs-csi-controller"} {
+	for _, u := range []string{"admin", "kubelet", "controller-manager", "kube-scheduler"} {
 		if err := p.kubeconfig(c.path("etc", u+".kubeconfig"), u, "https://127.0.0.1:6443"); err != nil {
 			return err
 		}
@@ -201,14 +214,20 @@ state = %[2]q
     bin_dir = %[9]q
     conf_dir = %[10]q
 `, c.path("containerd/root"), c.path("containerd/state"), c.containerdSocket(), c.path("containerd/opt"),
-		pauseImage, restrictOOM, c.art.debBin("runc"), c.path("runc"), c.path("cni/bin"), c.path("cni/net.d"))
+		pauseImage, restrictOOM, c.art.debBin("runc"), c.path("runc"), c.art.cniBin(), c.path("cni/net.d"))
 	if err := os.WriteFile(c.path("etc/containerd.toml"), []byte(containerd), 0o644); err != nil {
 		return err
 	}
-	// Pods use the host's network; this only makes containerd report
-	// NetworkReady, so that kubelet marks the node Ready.
-	if err := os.WriteFile(c.path("cni/net.d/10-hostnetwork-only.conflist"),
-		[]byte(`{"cniVersion":"0.4.0","name":"hostnetwork-only","plugins":[{"type":"loopback"}]}`), 0o644); err != nil {
+	// Pods get an address on the node's bridge (makeBridge), as a
+	// cluster's CNI gives them one: deploy/'s pods run in their own
+	// network namespaces, and the node plugin's rolling update starts a
+	// second pod beside the first, which host networking would refuse
+	// (both listen on the health and metrics ports). No masquerading: pods
+	// reach only the node (the API server, Azurite), which is all they need.
+	cni := fmt.Sprintf(`{"cniVersion":"0.4.0","name":"blobfs-e2e","plugins":[{"type":"bridge","bridge":%q,"isGateway":true,"ipMasq":false,
+"ipam":{"type":"host-local","ranges":[[{"subnet":%q,"gateway":%q}]],"routes":[{"dst":"0.0.0.0/0"}],"dataDir":%q}}]}`,
+		bridgeName, bridgeSubnet, bridgeIP, c.path("cni/ipam"))
+	if err := os.WriteFile(c.path("cni/net.d/10-blobfs-e2e.conflist"), []byte(cni), 0o644); err != nil {
 		return err
 	}
 	kubelet := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
@@ -238,6 +257,45 @@ imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
 `, c.containerdSocket(), c.path("pod-logs"), c.pki.path("ca", "crt"))
 	return os.WriteFile(c.path("etc/kubelet.yaml"), []byte(kubelet), 0o644)
+}
+
+// The test node's pod network: a bridge with the node's address on it,
+// made before anything starts so that the API server and Azurite answer
+// on bridgeIP from the first pod on (the CNI plugin takes the bridge as
+// it finds it).
+const (
+	bridgeIP     = "10.244.77.1"
+	bridgeSubnet = "10.244.77.0/24"
+)
+
+func makeBridge() error {
+	for _, args := range [][]string{
+		{"link", "add", bridgeName, "type", "bridge"},
+		{"addr", "add", bridgeIP + "/24", "dev", bridgeName},
+		{"link", "set", bridgeName, "up"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	return nil
+}
+
+// makeShared makes dir a shared mount (a bind mount of itself), as a
+// node's kubelet directory is: the node plugin mounts it with Bidirectional
+// propagation, which the runtime refuses on a private mount, and these
+// machines mount / private. The clean-up unmounts it.
+func makeShared(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind-mounting %s on itself: %w", dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("making %s a shared mount: %w", dir, err)
+	}
+	return nil
 }
 
 func (c *cluster) containerdSocket() string { return c.path("containerd/containerd.sock") }

@@ -20,12 +20,11 @@ import (
 	"github.com/blobfs/blobfs/blobstore"
 )
 
-// blobfs on the cluster, run on the host as the manifests run it in pods:
-// the node plugin (deploy/node.yaml's blobfs container, with the
-// registrar beside it), the controller (deploy/controller.yaml, with the
-// test's provisioner in place of the external-provisioner sidecar), the
-// CSIDriver and RBAC objects from deploy/, a Secret with Azurite's
-// account, and StorageClasses.
+// blobfs on the cluster, installed as the README tells users to: the
+// image imported into containerd, then `kubectl apply -k` of deploy/
+// through the e2e overlay (deploy/e2e/overlay), which swaps only what
+// these machines cannot have (install_test.go). The tests add a Secret
+// with Azurite's account and StorageClasses.
 
 const (
 	driverName = "blob.csi.blobfs.io"
@@ -41,25 +40,10 @@ const (
 func (c *cluster) driverSocket() string {
 	return filepath.Join(c.kubeletDir, "plugins", driverName, "csi.sock")
 }
-func (c *cluster) keeperSocket() string {
-	return filepath.Join(c.kubeletDir, "plugins", driverName, "keeper.sock")
-}
-func (c *cluster) controllerSocket() string { return c.path("controller", "csi.sock") }
-
-// haveKeeper says whether the blobfs under test has restart support (the
-// keeper that holds FUSE connections while the driver is away).
-func (c *cluster) haveKeeper() bool {
-	return exec.Command(c.blobfs, "keeper", "--help").Run() == nil
-}
 
 func (c *cluster) setUpBlobfs(ctx context.Context) error {
 	if err := c.startAzurite(); err != nil {
 		return err
-	}
-	for _, f := range []string{"rbac.yaml", "csi-driver.yaml"} {
-		if out, err := c.kubectl("apply", "-f", filepath.Join(repoRoot(), "deploy", f)); err != nil {
-			return fmt.Errorf("%w\n%s", err, out)
-		}
 	}
 	secretData := map[string]string{"azurestorageaccountname": blobstore.AzuriteAccount, "azurestorageaccountkey": blobstore.AzuriteAccountKey}
 	for _, ns := range []string{"kube-system", "default"} {
@@ -93,46 +77,7 @@ func (c *cluster) setUpBlobfs(ctx context.Context) error {
 			return err
 		}
 	}
-	if c.haveKeeper() {
-		if err := c.startKeeper(); err != nil {
-			return err
-		}
-	} else {
-		logf("the blobfs under test has no keeper (blobfs keeper --help fails): the scenarios that need restart support are skipped")
-	}
-	if err := c.startNodePlugin("node-plugin"); err != nil {
-		return err
-	}
-	if _, err := c.procs.start("registrar", nil, c.blobfs, "registrar", "--csi-address="+c.driverSocket(),
-		"--kubelet-registration-path="+c.driverSocket(), "--registration-dir="+filepath.Join(c.kubeletDir, "plugins_registry")); err != nil {
-		return err
-	}
-	if _, err := c.procs.start("controller-plugin", nil, c.blobfs, "csi", "--mode=controller",
-		"--endpoint=unix://"+c.controllerSocket(), "--kubeconfig="+c.path("etc/blobfs-csi-controller.kubeconfig")); err != nil {
-		return err
-	}
-	if err := c.waitDriverRegistered(ctx, 120*time.Second); err != nil {
-		return err
-	}
-	return startProvisioner(ctx, c)
-}
-
-// startNodePlugin starts a node plugin process under the given name (a
-// second one for the rolling upgrade).
-func (c *cluster) startNodePlugin(name string) error {
-	args := []string{"csi", "--mode=node", "--endpoint=unix://" + c.driverSocket(), "--node-id=" + c.node,
-		"--kubelet-dir=" + c.kubeletDir, "--cache-dir=" + c.path("blobfs-cache"),
-		"--kubeconfig=" + c.path("etc/blobfs-csi-node.kubeconfig"), "--health-interval=10s"}
-	if c.haveKeeper() {
-		args = append(args, "--keeper-socket="+c.keeperSocket())
-	}
-	_, err := c.procs.start(name, nil, c.blobfs, args...)
-	return err
-}
-
-func (c *cluster) startKeeper() error {
-	_, err := c.procs.start("keeper", nil, c.blobfs, "keeper", "--socket="+c.keeperSocket())
-	return err
+	return c.install(ctx)
 }
 
 // waitDriverRegistered waits until kubelet lists the driver in its CSINode.
@@ -153,7 +98,10 @@ func (c *cluster) waitDriverRegistered(ctx context.Context, timeout time.Duratio
 
 func (c *cluster) startAzurite() error {
 	script := filepath.Join(repoRoot(), ".ci", "azurite.sh")
-	env := append(os.Environ(), "AZURITE_PORT="+strconv.Itoa(c.azuritePort), "AZURITE_RUN_DIR="+filepath.Join(c.runDir, "azurite"))
+	// On every address: the host's tests use 127.0.0.1, the pods the
+	// bridge's address.
+	env := append(os.Environ(), "AZURITE_PORT="+strconv.Itoa(c.azuritePort), "AZURITE_HOST=0.0.0.0",
+		"AZURITE_RUN_DIR="+filepath.Join(c.runDir, "azurite"))
 	for _, verb := range []string{"install", "start"} {
 		cmd := exec.Command("bash", script, verb)
 		cmd.Env = env

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -23,7 +21,7 @@ import (
 // Settings (environment):
 //
 //	BLOBFS_E2E=1                 run at all (make e2e sets it)
-//	BLOBFS_E2E_BIN               the blobfs binary to test (make e2e: bin/blobfs); default: built here
+//	BLOBFS_E2E_IMAGE             the image to install (make e2e: bin/blobfs-image.tar); default: made with make image
 //	BLOBFS_E2E_CACHE             artifacts cache (default ~/.cache/blobfs-e2e)
 //	BLOBFS_E2E_RUN               run directory: cluster state, logs (default /var/lib/blobfs-e2e)
 //	BLOBFS_E2E_AZURITE_PORT      Azurite's port (default 10180)
@@ -109,6 +107,10 @@ func run(m *testing.M) (code int) {
 		return 1
 	}
 
+	if err := checkNoOtherKubelet(cacheDir); err != nil {
+		logf("%v", err)
+		return 1
+	}
 	start := time.Now()
 	if errs := cleanUp(runDir, cacheDir); len(errs) > 0 {
 		logf("could not clean up after an earlier run: %v", errors.Join(errs...))
@@ -135,9 +137,9 @@ func run(m *testing.M) (code int) {
 	c := &cluster{
 		runDir: runDir, stateDir: filepath.Join(runDir, "state"), logDir: logDir,
 		procs:       &processes{pidDir: filepath.Join(runDir, "pids"), logDir: logDir, byName: map[string]*process{}},
-		azuritePort: port, azuriteURL: fmt.Sprintf("http://127.0.0.1:%d/devstoreaccount1", port),
+		azuritePort: port, azuriteURL: fmt.Sprintf("http://%s:%d/devstoreaccount1", bridgeIP, port),
+		kubeletDir: kubeletRoot,
 	}
-	c.kubeletDir = c.path("kubelet")
 	host, _ := os.Hostname()
 	c.node = strings.ToLower(host)
 	theCluster = c
@@ -190,10 +192,6 @@ func run(m *testing.M) (code int) {
 		return 1
 	}
 	c.art = art
-	if err := c.installBlobfs(); err != nil {
-		logf("blobfs binary: %v", err)
-		return 1
-	}
 	logf("artifacts ready after %s", time.Since(start).Round(time.Second))
 	if err := c.up(ctx); err != nil {
 		logf("cluster: %v", err)
@@ -208,40 +206,6 @@ func run(m *testing.M) (code int) {
 	return m.Run()
 }
 
-// installBlobfs copies the binary under test into the run directory (so
-// that every process of it, a keeper included, is found by the clean-up),
-// building it first when BLOBFS_E2E_BIN is not set.
-func (c *cluster) installBlobfs() error {
-	dst := c.path("bin", "blobfs")
-	src := os.Getenv("BLOBFS_E2E_BIN")
-	if src == "" {
-		cmd := exec.Command("go", "build", "-o", dst, "./cmd/blobfs")
-		cmd.Dir = repoRoot()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build ./cmd/blobfs: %v\n%s", err, out)
-		}
-	} else {
-		in, err := os.Open(src)
-		if err != nil {
-			return err
-		}
-		defer in.Close()
-		out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(out, in); err != nil {
-			out.Close()
-			return err
-		}
-		if err := out.Close(); err != nil {
-			return err
-		}
-	}
-	c.blobfs = dst
-	return nil
-}
-
 // down stops the cluster in order: pods first (so that kubelet unpublishes
 // and unstages their volumes through the driver), then the driver, then
 // kubelet and the control plane. cleanUp removes whatever remains.
@@ -249,21 +213,19 @@ func (c *cluster) down() {
 	if c.adminKubeconfig != "" && c.procs.get("kube-apiserver") != nil && !c.procs.get("kube-apiserver").exited() {
 		// kubelet needs the driver to unmount the pods' volumes: a test
 		// that stopped in the middle of a restart may have left it down.
-		if c.procs.get("node-plugin") != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-			if err := c.ensureDriverUp(ctx); err != nil {
-				logf("driver not up for the pods' deletion: %v", err)
-			}
-			cancel()
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		if err := c.ensureDriverUp(ctx); err != nil {
+			logf("driver not up for the pods' deletion: %v", err)
 		}
+		cancel()
 		if out, err := c.kubectl("delete", "pods", "--all", "-n", "default", "--wait=true", "--timeout=120s"); err != nil {
 			logf("deleting pods: %v: %s", err, out)
 		}
 		c.kubectl("delete", "pvc", "--all", "-n", "default", "--wait=false")
 	}
-	stopProvisioner()
-	order := []string{"registrar", "node-plugin", "node-plugin-2", "controller-plugin", "keeper", "keeper-2", "kubelet",
-		"kube-controller-manager", "kube-apiserver", "etcd"}
+	// blobfs's own pods stop with kubelet's containers below: with no
+	// volume left there is nothing for them to hand over.
+	order := []string{"kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"}
 	for _, n := range order {
 		if p := c.procs.get(n); p != nil {
 			p.stop(syscall.SIGTERM, 30*time.Second)
@@ -291,12 +253,13 @@ func (c *cluster) dumpDiagnostics() {
 	if c.adminKubeconfig != "" {
 		for _, args := range [][]string{
 			{"get", "nodes,csinodes,csidrivers,storageclasses,pv", "-o", "wide"},
-			{"get", "pods,pvc", "-A", "-o", "wide"},
+			{"get", "pods,pvc,daemonsets,deployments", "-A", "-o", "wide"},
 			{"get", "events", "-A", "--sort-by=.lastTimestamp"},
 		} {
 			out, err := c.kubectl(args...)
 			fmt.Fprintf(os.Stderr, "---- kubectl %s (%v)\n%s\n", strings.Join(args, " "), err, lastLines(out, 60))
 		}
+		c.dumpComponentLogs()
 	}
 	tails := []struct {
 		name  string

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -167,75 +168,15 @@ func sha256Hex(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
-// nodePluginLogSince returns the node plugin's log since its last start.
-func nodePluginLogSince(name string) string {
-	b, _ := os.ReadFile(filepath.Join(theCluster.logDir, name+".log"))
-	s := string(b)
-	if i := strings.LastIndex(s, "==== "); i >= 0 {
-		s = s[i:]
-	}
-	return s
-}
-
-// logMark returns a function that reads what a component logged after
-// the call to logMark.
-func logMark(name string) func() string {
-	path := filepath.Join(theCluster.logDir, name+".log")
-	var from int64
-	if fi, err := os.Stat(path); err == nil {
-		from = fi.Size()
-	}
-	return func() string {
-		b, _ := os.ReadFile(path)
-		if int64(len(b)) < from {
-			return ""
-		}
-		return string(b[from:])
-	}
-}
-
-// keepDriverUp makes sure, when the test ends, that kubelet, the keeper
-// and the node plugin run and the driver is registered, so that a
-// scenario that fails half-way through a restart does not fail the next
-// ones too. (Pods' clean-ups do the same before deleting them: kubelet
-// needs the driver to unmount their volumes.)
+// keepDriverUp makes sure, when the test ends, that kubelet runs and
+// blobfs's components are ready, so that a scenario that fails half-way
+// through a restart does not fail the next ones too.
 func keepDriverUp(t *testing.T) {
 	t.Cleanup(func() {
 		if err := theCluster.ensureDriverUp(context.Background()); err != nil {
 			t.Errorf("after the test: %v", err)
 		}
 	})
-}
-
-func (c *cluster) ensureDriverUp(ctx context.Context) error {
-	if p := c.procs.get("kubelet"); p == nil || p.exited() {
-		if err := c.startKubelet(); err != nil {
-			return err
-		}
-		if err := c.waitNodeReady(ctx); err != nil {
-			return err
-		}
-	}
-	if c.haveKeeper() {
-		if p := c.procs.get("keeper"); p == nil || p.exited() {
-			if err := c.startKeeper(); err != nil {
-				return err
-			}
-		}
-	}
-	if p := c.procs.get("node-plugin"); p == nil || p.exited() {
-		if err := c.startNodePlugin("node-plugin"); err != nil {
-			return err
-		}
-	}
-	return c.waitDriverRegistered(ctx, 120*time.Second)
-}
-
-func requireKeeper(t *testing.T) {
-	t.Helper()
-	if !theCluster.haveKeeper() {
-		t.Skip("needs restart support: the blobfs under test has no keeper (blobfs keeper --help fails)")
-	}
 }
 
 // --- 1. dynamic provisioning ---------------------------------------------
@@ -414,8 +355,15 @@ func TestStaticAndInlineReadOnly(t *testing.T) {
 		}
 	}
 	waitNoMounts(t, ctx, name, handle)
-	if left := mountsUnder(filepath.Join(c.kubeletDir, "pods")); len(left) > 0 {
-		t.Errorf("mounts left under kubelet's pods directory after the pods were deleted: %s", strings.Join(left, ", "))
+	// (blobfs's own pods have mounts there too: their tokens.)
+	var left []string
+	for _, m := range mountsUnder(filepath.Join(c.kubeletDir, "pods")) {
+		if strings.Contains(m, "/volumes/kubernetes.io~csi/") {
+			left = append(left, m)
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("CSI mounts left under kubelet's pods directory after the pods were deleted: %s", strings.Join(left, ", "))
 	}
 }
 
@@ -500,39 +448,270 @@ func finishStream(t *testing.T, ctx context.Context, pod, container string) {
 	t.Logf("the pod appended and re-read %d chunks (%d bytes) without an error; Azurite holds the same bytes", n, n*65536)
 }
 
-// --- 3. driver killed while a pod streams --------------------------------
+// okStamped is a checked append in `kubectl logs --timestamps`.
+var okStamped = regexp.MustCompile(`(?m)^(\S+) ok (\d+)$`)
 
+// streamTimes are the moments the streaming pod reported its checked
+// appends (kubelet's log timestamps), in order.
+func streamTimes(t *testing.T, pod string) []time.Time {
+	t.Helper()
+	out, err := theCluster.kubectl("logs", "-n", "default", "--timestamps", pod)
+	if err != nil {
+		t.Fatalf("logs of %s: %v", pod, err)
+	}
+	var times []time.Time
+	for _, m := range okStamped.FindAllStringSubmatch(out, -1) {
+		if ts, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
+			times = append(times, ts)
+		}
+	}
+	return times
+}
+
+// streamPause is the longest pause the streaming pod saw during an
+// event that began at from and was over (the component back) at to: the
+// longest time between two of its checked appends, over the pairs that
+// overlap [from, to] (an append in flight waits in the kernel meanwhile).
+// usual is the median time between two appends, for comparison.
+func streamPause(t *testing.T, pod string, from, to time.Time) (pause, usual time.Duration) {
+	t.Helper()
+	times := streamTimes(t, pod)
+	var gaps []time.Duration
+	for i := 1; i < len(times); i++ {
+		gap := times[i].Sub(times[i-1])
+		gaps = append(gaps, gap)
+		if times[i].After(from) && times[i-1].Before(to) && gap > pause {
+			pause = gap
+		}
+	}
+	if len(gaps) > 0 {
+		sorted := append([]time.Duration(nil), gaps...)
+		sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+		usual = sorted[len(sorted)/2]
+	}
+	return pause.Round(10 * time.Millisecond), usual.Round(10 * time.Millisecond)
+}
+
+// startStream makes a claim and a pod streaming on it; it returns the
+// pod's name and the volume's container.
+func startStream(t *testing.T, ctx context.Context, name string) (pod, container string) {
+	t.Helper()
+	c := theCluster
+	_, container = newClaim(t, ctx, name, classDelete)
+	p := c.podWith(name, streamScript, pvcVolume("data", name, false))
+	runPod(t, ctx, p)
+	if err := c.waitPodPhase(ctx, p.Name, corev1.PodRunning, 180*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitStream(t, ctx, p.Name, 10)
+	return p.Name, container
+}
+
+// reportPause waits until the stream went on after an event that began
+// at and is over now, and logs the longest pause it saw.
+func reportPause(t *testing.T, ctx context.Context, pod, event string, at time.Time) {
+	t.Helper()
+	over := time.Now()
+	waitStream(t, ctx, pod, 5)
+	pause, usual := streamPause(t, pod, at, over)
+	t.Logf("%s: the application paused %s (an append takes %s)", event, pause, usual)
+}
+
+// --- 3. the driver's container killed -----------------------------------
+
+// TestDriverKilledWhileStreaming: kill -9 of the driver's process in the
+// node plugin's pod, twice, while a pod streams: kubelet restarts the
+// container, the new driver adopts the mounts from the keeper, and the
+// application sees a pause, no error, every byte in the store.
 func TestDriverKilledWhileStreaming(t *testing.T) {
-	requireKeeper(t)
 	ctx := testContext(t)
 	keepDriverUp(t)
 	c := theCluster
-	_, container := newClaim(t, ctx, "stream-kill", classDelete)
-	pod := c.podWith("stream-kill", streamScript, pvcVolume("data", "stream-kill", false))
-	runPod(t, ctx, pod)
-	if err := c.waitPodPhase(ctx, pod.Name, corev1.PodRunning, 180*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	waitStream(t, ctx, pod.Name, 10)
+	pod, container := startStream(t, ctx, "stream-kill")
 	for round := 1; round <= 2; round++ {
-		p := c.procs.get("node-plugin")
-		t.Logf("round %d: SIGKILL node plugin (pid %d) after %d appends", round, p.pid(), streamCount(pod.Name))
-		p.kill()
-		time.Sleep(2 * time.Second) // the pod's requests wait in the kernel meanwhile
-		if err := c.startNodePlugin("node-plugin"); err != nil {
+		at := time.Now()
+		took, err := c.killContainer(ctx, appNode, "blobfs")
+		if err != nil {
 			t.Fatal(err)
 		}
-		waitStream(t, ctx, pod.Name, 10)
+		t.Logf("round %d: kill -9 of the driver; kubelet had it running and ready again after %s", round, took.Round(100*time.Millisecond))
+		reportPause(t, ctx, pod, fmt.Sprintf("round %d", round), at)
 	}
-	finishStream(t, ctx, pod.Name, container)
+	np, err := c.componentPod(appNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if log := c.componentLog(np.Name, "blobfs", false); !strings.Contains(log, "adopted") {
+		t.Errorf("the restarted driver did not say it adopted mounts; its log:\n%s", lastLines(log, 30))
+	}
+	finishStream(t, ctx, pod, container)
 }
 
-// --- 4. driver and keeper killed -----------------------------------------
+// --- 4. the driver OOM-killed --------------------------------------------
+
+// TestDriverOOMKilled: the driver is killed by the kernel for exceeding
+// its container's memory limit while a pod streams through it. The test
+// lowers the limit of the running container's memory cgroup to just above
+// what it uses, so that the stream's next allocations cross it: the same
+// OOM kill a too-small limit in the manifest causes under load, at a
+// moment the test controls. kubelet reports OOMKilled and restarts the
+// container (with the manifest's limit); the application sees a pause.
+func TestDriverOOMKilled(t *testing.T) {
+	ctx := testContext(t)
+	keepDriverUp(t)
+	c := theCluster
+	pod, container := startStream(t, ctx, "stream-oom")
+	np, err := c.componentPod(appNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := containerStatus(np, "blobfs")
+	pid, err := c.containerPID(np, "blobfs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	limitFile, usageFile, err := memoryCgroupFiles(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now()
+	if err := waitUntil(ctx, "the kernel OOM-killed the driver", 2*time.Minute, func() (bool, error) {
+		if syscall.Kill(pid, 0) != nil {
+			return true, nil
+		}
+		// Just above the current use: the stream's next buffers cross it.
+		// Written again each time, as the use moves.
+		b, err := os.ReadFile(usageFile)
+		if err != nil {
+			return syscall.Kill(pid, 0) != nil, nil
+		}
+		usage, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		os.WriteFile(limitFile, []byte(strconv.FormatInt(usage+512<<10, 10)), 0o644)
+		return false, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.waitRestarted(ctx, np.Name, "blobfs", st.RestartCount); err != nil {
+		t.Fatal(err)
+	}
+	var after corev1.Pod
+	if err := c.getJSON(&after, "get", "pod", "-n", systemNS, np.Name); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := containerStatus(&after, "blobfs")
+	if term := s.LastTerminationState.Terminated; term == nil || term.Reason != "OOMKilled" {
+		t.Errorf("the driver's last termination: %+v; want OOMKilled", term)
+	} else {
+		t.Logf("kubelet reports the driver %s (exit code %d) and restarted it", term.Reason, term.ExitCode)
+	}
+	reportPause(t, ctx, pod, "OOM kill", at)
+	finishStream(t, ctx, pod, container)
+}
+
+// memoryCgroupFiles finds the memory limit and usage files of a process's
+// cgroup (cgroup v1 or v2).
+func memoryCgroupFiles(pid int) (limit, usage string, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", "", err
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		for _, ctl := range strings.Split(f[1], ",") {
+			if ctl == "memory" {
+				dir := filepath.Join("/sys/fs/cgroup/memory", f[2])
+				return filepath.Join(dir, "memory.limit_in_bytes"), filepath.Join(dir, "memory.usage_in_bytes"), nil
+			}
+		}
+		if f[0] == "0" && f[1] == "" {
+			dir := filepath.Join("/sys/fs/cgroup", f[2])
+			if _, err := os.Stat(filepath.Join(dir, "memory.max")); err == nil {
+				return filepath.Join(dir, "memory.max"), filepath.Join(dir, "memory.current"), nil
+			}
+		}
+	}
+	return "", "", fmt.Errorf("no memory cgroup for pid %d in:\n%s", pid, b)
+}
+
+// --- 5. the node plugin's pod deleted -------------------------------------
+
+// TestNodePodDeleted: `kubectl delete pod` of the node plugin, what an
+// operator does to a stuck pod, while a pod streams. The keeper, a
+// DaemonSet of its own, holds the mounts; the DaemonSet's new pod adopts
+// them. Then the keeper's pod is deleted too: the driver hands the mounts
+// to the new keeper, which the test proves by killing the driver once
+// more. The application sees pauses, no error.
+func TestNodePodDeleted(t *testing.T) {
+	ctx := testContext(t)
+	keepDriverUp(t)
+	c := theCluster
+	pod, container := startStream(t, ctx, "stream-delete")
+	old, err := c.componentPod(appNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now()
+	if out, err := c.kubectl("delete", "pod", "-n", systemNS, old.Name, "--wait=false"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if err := waitUntil(ctx, "the node plugin's new pod is ready", 4*time.Minute, func() (bool, error) {
+		p, err := c.componentPod(appNode)
+		if err != nil || p.Name == old.Name {
+			return false, nil
+		}
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("node plugin pod %s deleted; its successor was ready after %s", old.Name, time.Since(at).Round(100*time.Millisecond))
+	reportPause(t, ctx, pod, "node pod deleted", at)
+
+	oldKeeper, err := c.componentPod(appKeeper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at = time.Now()
+	if out, err := c.kubectl("delete", "pod", "-n", systemNS, oldKeeper.Name, "--wait=true", "--timeout=2m"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if out, err := c.kubectl("rollout", "status", "-n", systemNS, "daemonset/"+appKeeper, "--timeout=3m"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	reportPause(t, ctx, pod, "keeper pod deleted", at)
+	// The new keeper must hold the mounts now (the driver reattaches them
+	// by itself): without it they would die with the driver below.
+	if err := waitUntil(ctx, "the driver gave its mounts to the new keeper", time.Minute, func() (bool, error) {
+		kp, err := c.componentPod(appKeeper)
+		if err != nil {
+			return false, nil
+		}
+		return strings.Contains(c.componentLog(kp.Name, "keeper", false), "holding mount"), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	at = time.Now()
+	if _, err := c.killContainer(ctx, appNode, "blobfs"); err != nil {
+		t.Fatal(err)
+	}
+	reportPause(t, ctx, pod, "driver killed after the keeper was replaced", at)
+	finishStream(t, ctx, pod, container)
+}
+
+// --- 6. driver and keeper killed -----------------------------------------
 
 // TestDriverAndKeeperKilled: with every holder of the FUSE connection
-// gone, the restarted driver repairs the dead staging mount by itself
-// (start-up recovery) and a new pod on the claim starts and reads; kubelet
-// calls NodePublishVolume without NodeStageVolume for it.
+// gone (the driver's and the keeper's processes killed together), the
+// restarted driver repairs the dead staging mount by itself (start-up
+// recovery) and a new pod on the claim starts and reads; kubelet calls
+// NodePublishVolume without NodeStageVolume for it.
 func TestDriverAndKeeperKilled(t *testing.T) {
 	ctx := testContext(t)
 	keepDriverUp(t)
@@ -551,22 +730,37 @@ func TestDriverAndKeeperKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	t.Logf("SIGKILL node plugin and keeper")
-	c.procs.get("node-plugin").kill()
-	if k := c.procs.get("keeper"); k != nil {
-		k.kill()
+	np, err := c.componentPod(appNode)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if out, err := readFileFromHost(filepath.Join(staging, "before.txt")); err == nil {
-		t.Fatalf("the staging mount still answers with driver and keeper dead (%q): the test would prove nothing", out)
-	} else {
-		t.Logf("staging mount after the kill: %s", strings.TrimSpace(out))
+	kp, err := c.componentPod(appKeeper)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if c.haveKeeper() {
-		if err := c.startKeeper(); err != nil {
-			t.Fatal(err)
-		}
+	npStatus, _ := containerStatus(np, "blobfs")
+	kpStatus, _ := containerStatus(kp, "keeper")
+	driverPID, err := c.containerPID(np, "blobfs")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := c.startNodePlugin("node-plugin"); err != nil {
+	keeperPID, err := c.containerPID(kp, "keeper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kill -9 of the driver (pid %d) and the keeper (pid %d)", driverPID, keeperPID)
+	syscall.Kill(driverPID, syscall.SIGKILL)
+	syscall.Kill(keeperPID, syscall.SIGKILL)
+	if err := waitUntil(ctx, "the staging mount died", 30*time.Second, func() (bool, error) {
+		_, err := readFileFromHost(filepath.Join(staging, "before.txt"))
+		return err != nil, nil
+	}); err != nil {
+		t.Fatalf("%v: the test would prove nothing", err)
+	}
+	if err := c.waitRestarted(ctx, kp.Name, "keeper", kpStatus.RestartCount); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.waitRestarted(ctx, np.Name, "blobfs", npStatus.RestartCount); err != nil {
 		t.Fatal(err)
 	}
 	// Repaired by the driver itself, before any kubelet call for it.
@@ -590,7 +784,7 @@ func TestDriverAndKeeperKilled(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	log := nodePluginLogSince("node-plugin")
+	log := c.componentLog(np.Name, "blobfs", false)
 	if !strings.Contains(log, "NodePublishVolume") {
 		t.Errorf("the restarted driver saw no NodePublishVolume for the second pod")
 	}
@@ -605,142 +799,96 @@ func TestDriverAndKeeperKilled(t *testing.T) {
 	waitNoMounts(t, ctx, pvName, volumeHandle(t, pvName))
 }
 
-// --- 5. kubelet restarted while the driver is down -----------------------
+// --- 7. kubelet restarted -------------------------------------------------
 
-// TestKubeletRestartWhileDriverDown: kubelet restarts while the node
-// plugin is down and cannot register it; once the plugin is back, the
-// registrar offers registration again and a pod created meanwhile starts:
-// no pod stays in ContainerCreating.
-func TestKubeletRestartWhileDriverDown(t *testing.T) {
+// TestKubeletRestart: kubelet restarts while a pod streams, and while it
+// is down the driver dies too, so that the new kubelet finds the
+// registration socket but not the driver (the case where kubelet would
+// back off for minutes): the stream goes on through the keeper, kubelet
+// restarts the driver's container, the registrar offers registration
+// again, and a pod created after the restart mounts the claim.
+func TestKubeletRestart(t *testing.T) {
 	ctx := testContext(t)
 	keepDriverUp(t)
 	c := theCluster
-	newClaim(t, ctx, "kubelet-restart", classDelete)
-	first := c.podWith("kubelet-restart-1", "set -e; echo first > /data/first.txt; sleep 3600", pvcVolume("data", "kubelet-restart", false))
-	runPod(t, ctx, first)
-	if err := c.waitPodPhase(ctx, first.Name, corev1.PodRunning, 180*time.Second); err != nil {
+	pod, container := startStream(t, ctx, "stream-kubelet")
+	np, err := c.componentPod(appNode)
+	if err != nil {
 		t.Fatal(err)
 	}
-
-	t.Logf("SIGKILL node plugin, then restart kubelet")
-	c.procs.get("node-plugin").kill()
-	registrarLog := logMark("registrar")
+	st, _ := containerStatus(np, "blobfs")
+	pid, err := c.containerPID(np, "blobfs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now()
+	t.Logf("stopping kubelet, then kill -9 of the driver (pid %d)", pid)
 	c.procs.get("kubelet").stop(syscall.SIGTERM, 60*time.Second)
+	syscall.Kill(pid, syscall.SIGKILL)
 	if err := c.startKubelet(); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.waitNodeReady(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The new kubelet finds the registration socket, cannot reach the
-	// driver, and says so: the moment kubelet's retries would start to
-	// back off.
-	if err := waitUntil(ctx, "the restarted kubelet tried to register the driver and failed", 120*time.Second, func() (bool, error) {
-		return strings.Contains(registrarLog(), "kubelet could not register the driver"), nil
-	}); err != nil {
+	if err := c.waitRestarted(ctx, np.Name, "blobfs", st.RestartCount); err != nil {
 		t.Fatal(err)
 	}
-	second := c.podWith("kubelet-restart-2", "set -e; cat /data/first.txt; sleep 3600", pvcVolume("data", "kubelet-restart", false))
-	runPod(t, ctx, second)
-	if err := waitUntil(ctx, "kubelet holds the second pod in ContainerCreating (its volume needs the driver)", 120*time.Second, func() (bool, error) {
-		p, err := c.pod(second.Name)
-		if err != nil {
+	if err := c.waitDriverRegistered(ctx, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kubelet back and the driver registered %s after the stop", time.Since(at).Round(100*time.Millisecond))
+	reportPause(t, ctx, pod, "kubelet restart with the driver killed", at)
+	reader := c.podWith("kubelet-reader", "set -e; test -s /data/stream; echo read it; sleep 3600", pvcVolume("data", "stream-kubelet", false))
+	runPod(t, ctx, reader)
+	if err := waitUntil(ctx, "a pod created after the restart read the claim", 3*time.Minute, func() (bool, error) {
+		if p, err := c.pod(reader.Name); err != nil || p.Status.Phase != corev1.PodRunning {
 			return false, nil
 		}
-		for _, s := range p.Status.ContainerStatuses {
-			if s.State.Waiting != nil && s.State.Waiting.Reason == "ContainerCreating" {
-				return true, nil
-			}
-		}
-		return false, nil
+		return strings.Contains(podLog(t, reader.Name), "read it"), nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-
-	back := time.Now()
-	if err := c.startNodePlugin("node-plugin"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.waitDriverRegistered(ctx, 60*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range []string{first.Name, second.Name} {
-		if err := c.waitPodPhase(ctx, p, corev1.PodRunning, 150*time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := waitUntil(ctx, "the second pod read the first pod's file", 150*time.Second, func() (bool, error) {
-		return strings.Contains(podLog(t, second.Name), "first"), nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("second pod running and reading %s after the driver came back", time.Since(back).Round(time.Second))
-	var pods corev1.PodList
-	if err := c.getJSON(&pods, "get", "pods", "-n", "default"); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range pods.Items {
-		for _, s := range p.Status.ContainerStatuses {
-			if s.State.Waiting != nil && s.State.Waiting.Reason == "ContainerCreating" {
-				t.Errorf("pod %s is stuck in ContainerCreating", p.Name)
-			}
-		}
-	}
-	if c.haveKeeper() {
-		// With the keeper, the first pod's mount lived through it all.
-		if out, err := c.exec(first.Name, "cat", "/data/first.txt"); err != nil || out != "first\n" {
-			t.Errorf("the first pod reads %q, %v after the restarts; want its file", out, err)
-		}
-	}
+	finishStream(t, ctx, pod, container)
 }
 
-// --- 6. rolling upgrade ----------------------------------------------------
+// --- 8. rolling update ----------------------------------------------------
 
-// TestRollingUpgrade: as a DaemonSet rolling update with maxSurge does, a
-// second node pod (keeper and driver) starts beside the first; its keeper
-// takes the FUSE connections over from the old keeper, its driver adopts
-// the mounts once the old one has released them, and the old pod's
-// processes get SIGTERM, all while a pod streams: no error, every byte in
-// the store.
-func TestRollingUpgrade(t *testing.T) {
-	requireKeeper(t)
+// TestRollingUpdate: `kubectl rollout restart` of the keeper's and then
+// the node plugin's DaemonSet while a pod streams. With maxSurge each new
+// pod starts beside the old one: the new keeper takes the FUSE
+// connections over from the old, the new driver adopts the mounts once
+// the old one has released them, and the old pod is deleted. No error,
+// every byte in the store.
+func TestRollingUpdate(t *testing.T) {
 	ctx := testContext(t)
 	keepDriverUp(t)
 	c := theCluster
-	_, container := newClaim(t, ctx, "stream-upgrade", classDelete)
-	pod := c.podWith("stream-upgrade", streamScript, pvcVolume("data", "stream-upgrade", false))
-	runPod(t, ctx, pod)
-	if err := c.waitPodPhase(ctx, pod.Name, corev1.PodRunning, 180*time.Second); err != nil {
+	pod, container := startStream(t, ctx, "stream-rollout")
+	for _, app := range []string{appKeeper, appNode} {
+		old, err := c.componentPod(app)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := time.Now()
+		if out, err := c.kubectl("rollout", "restart", "-n", systemNS, "daemonset/"+app); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if out, err := c.kubectl("rollout", "status", "-n", systemNS, "daemonset/"+app, "--timeout=5m"); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		now, err := c.componentPod(app)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now.Name == old.Name {
+			t.Fatalf("%s: pod %s still runs after the rollout", app, old.Name)
+		}
+		t.Logf("%s rolled out (%s -> %s) in %s", app, old.Name, now.Name, time.Since(at).Round(100*time.Millisecond))
+		reportPause(t, ctx, pod, "rollout of "+app, at)
+	}
+	if err := c.waitDriverRegistered(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	waitStream(t, ctx, pod.Name, 10)
-	// Upgrade to the "-2" processes, then back, so that later tests find
-	// them under their usual names.
-	for _, suffix := range [][2]string{{"", "-2"}, {"-2", ""}} {
-		oldKeeper, oldPlugin := c.procs.get("keeper"+suffix[0]), c.procs.get("node-plugin"+suffix[0])
-		newKeeper, newPlugin := "keeper"+suffix[1], "node-plugin"+suffix[1]
-		t.Logf("starting %s and %s beside %s (pid %d) and %s (pid %d)", newKeeper, newPlugin,
-			oldKeeper.name, oldKeeper.pid(), oldPlugin.name, oldPlugin.pid())
-		if _, err := c.procs.start(newKeeper, nil, c.blobfs, "keeper", "--socket="+c.keeperSocket()); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.startNodePlugin(newPlugin); err != nil {
-			t.Fatal(err)
-		}
-		if err := waitUntil(ctx, newPlugin+" serves", 90*time.Second, func() (bool, error) {
-			return strings.Contains(nodePluginLogSince(newPlugin), "CSI driver serving"), nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		waitStream(t, ctx, pod.Name, 5)
-		for _, old := range []*process{oldPlugin, oldKeeper} {
-			t.Logf("SIGTERM %s", old.name)
-			old.stop(syscall.SIGTERM, 2*time.Minute)
-			if old.err != nil {
-				t.Errorf("%s exited with %v after SIGTERM; want a clean exit", old.name, old.err)
-			}
-		}
-		waitStream(t, ctx, pod.Name, 10)
-	}
-	finishStream(t, ctx, pod.Name, container)
+	finishStream(t, ctx, pod, container)
 }
