@@ -23,6 +23,9 @@ type Metrics struct {
 
 	csiCalls   *prometheus.CounterVec   // method, code
 	csiLatency *prometheus.HistogramVec // method
+	// viewRepairs counts running containers' mounts of dead connections
+	// replaced (or not) after a repair (views.go).
+	viewRepairs *prometheus.CounterVec // result
 
 	mu         sync.Mutex
 	mountsFunc func() map[string]int // state -> count; guarded by mu
@@ -39,9 +42,19 @@ func NewMetrics() *Metrics {
 		csiLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "blobfs_csi_request_duration_seconds", Help: "Latency of CSI calls.", Buckets: fsmetrics.LatencyBuckets,
 		}, []string{"method"}),
+		viewRepairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "blobfs_csi_container_views_repaired_total",
+			Help: "Running containers' mounts of a dead FUSE connection, replaced in place by a working mount (result=replaced) or not (result=failed).",
+		}, []string{"result"}),
 	}
-	m.Registry.MustRegister(m.csiCalls, m.csiLatency, mountsCollector{m})
+	m.Registry.MustRegister(m.csiCalls, m.csiLatency, m.viewRepairs, mountsCollector{m})
 	return m
+}
+
+// countViewRepairs adds the outcome of one ReplaceDeadViews.
+func (m *Metrics) countViewRepairs(r ViewRepair) {
+	m.viewRepairs.WithLabelValues("replaced").Add(float64(r.Replaced))
+	m.viewRepairs.WithLabelValues("failed").Add(float64(r.Failed))
 }
 
 // mountsCollector reports blobfs_mounts{state} from the node state at

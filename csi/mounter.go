@@ -230,7 +230,7 @@ func (m *BlobfsMounter) serve(target string, dir *os.File, fuseFD int, state *os
 	mo := spec.Mount
 	mo.ReadOnly = mo.ReadOnly || opts.ReadOnly
 	if mo.FsName == "" {
-		mo.FsName = "blobfs:" + spec.Azure.Container
+		mo.FsName = fsNameOf(spec.Azure.Container)
 	}
 	if mo.Logger == nil {
 		mo.Logger = opts.Logger
@@ -372,6 +372,10 @@ func (m *BlobfsMounter) UnmountVolume(ctx context.Context, mp *MountPoint) error
 // unmountWait is how long UnmountVolume waits for a session to end before
 // it looks for other mounts of the filesystem that keep it alive.
 const unmountWait = 5 * time.Second
+
+// fsNameOf is the source the mounts of a container show in the mount
+// table (mountinfo), by which views.go knows them.
+func fsNameOf(container string) string { return "blobfs:" + container }
 
 // mountDevice is the device number (major:minor, as in mountinfo) of the
 // mount on mp, without asking its filesystem.

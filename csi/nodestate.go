@@ -58,6 +58,12 @@ type VolumeRecord struct {
 	MountGroup string `json:"mountGroup,omitempty"`
 	// Targets are the published target paths.
 	Targets map[string]TargetRecord `json:"targets,omitempty"`
+	// DeadDevices are the device numbers (major:minor) of this volume's
+	// mounts that died with their FUSE connection and whose copies in
+	// running containers' mount namespaces are still to be replaced
+	// (views.go). Kept across restarts so that a repair that succeeds
+	// later still reaches them.
+	DeadDevices []string `json:"deadDevices,omitempty"`
 	Updated time.Time               `json:"updated"`
 }
 

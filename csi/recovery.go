@@ -3,6 +3,7 @@ package csi
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -121,13 +122,24 @@ func (d *Driver) checkVolume(ctx context.Context, rec VolumeRecord) {
 				d.markUnhealthy(rec.VolumeID, "target is a symlink")
 				continue
 			}
+			if st.State == PathCorrupted {
+				d.noteDeadDevice(&rec, "target_path", target)
+			}
 			if err := d.remount(ctx, rec, "target_path", target, st); err != nil {
 				d.logRepairFailure(rec, "inline volume's mount is gone and cannot be mounted again yet", target, st, err)
+				continue
+			}
+			if mp, err := d.openMountPoint("target_path", target, false); err == nil {
+				d.replaceDeadViews(&rec, mp)
+				mp.Close()
 			}
 		}
 		return
 	}
 	st, err := d.statusOf(ctx, "staging_target_path", rec.StagingPath)
+	if st.State == PathCorrupted {
+		d.noteDeadDevice(&rec, "staging_target_path", rec.StagingPath)
+	}
 	if st.State == PathSymlink {
 		d.log.Warn("staging path is or passes through a symlink: not followed; volume left alone", "volume", rec.VolumeID, "path", rec.StagingPath, "err", msgOf(err))
 		d.markUnhealthy(rec.VolumeID, "staging path is a symlink")
@@ -154,6 +166,62 @@ func (d *Driver) checkVolume(ctx context.Context, rec VolumeRecord) {
 	defer smp.Close()
 	for target, t := range rec.Targets {
 		d.checkTarget(ctx, &rec, smp, target, t)
+	}
+	d.replaceDeadViews(&rec, smp)
+}
+
+// noteDeadDevice records the device of a dead mount of the volume before
+// it is removed: the running containers that had the volume hold copies
+// of that mount, found by its device once the volume works again.
+func (d *Driver) noteDeadDevice(rec *VolumeRecord, field, path string) {
+	mp, err := d.openMountPoint(field, path, false)
+	if err != nil {
+		return
+	}
+	dev, err := mountDevice(mp)
+	mp.Close()
+	if err != nil || slices.Contains(rec.DeadDevices, dev) {
+		return
+	}
+	rec.DeadDevices = append(rec.DeadDevices, dev)
+	if err := d.state.Put(*rec); err != nil {
+		d.log.Error("node state", "err", err)
+	}
+}
+
+// replaceDeadViews replaces, in running containers, the mounts of the
+// volume's dead connections with clones of its working mount at source
+// (views.go), once the volume works again.
+func (d *Driver) replaceDeadViews(rec *VolumeRecord, source *MountPoint) {
+	if len(rec.DeadDevices) == 0 {
+		return
+	}
+	r, ok := d.mounter.(interface {
+		ReplaceDeadViews(dev, fsName string, source *MountPoint) ViewRepair
+	})
+	if !ok {
+		return
+	}
+	for _, dev := range rec.DeadDevices {
+		start := time.Now()
+		res := r.ReplaceDeadViews(dev, fsNameOf(rec.Container), source)
+		attrs := []any{"volume", rec.VolumeID, "device", dev, "namespaces", res.Namespaces, "replaced", res.Replaced,
+			"live_left_alone", res.Live, "failed", res.Failed, "took", time.Since(start).Round(time.Millisecond)}
+		switch {
+		case res.Err != nil:
+			// Not retried: what failed once fails again (and the health
+			// check must not replace a view every interval).
+			d.log.Error("could not give every running container its volume back; their new opens keep failing until they restart", append(attrs, "err", res.Err)...)
+		case res.Replaced > 0:
+			d.log.Info("running containers have their volume back (files they had open stay failed)", attrs...)
+		}
+		if d.metrics != nil {
+			d.metrics.countViewRepairs(res)
+		}
+	}
+	rec.DeadDevices = nil
+	if err := d.state.Put(*rec); err != nil {
+		d.log.Error("node state", "err", err)
 	}
 }
 

@@ -213,6 +213,9 @@ func TestManifestsFitTogether(t *testing.T) {
 			t.Errorf("node DaemonSet lacks container %s", want)
 		}
 	}
+	if !ds.Spec.Template.Spec.HostPID {
+		t.Error("node DaemonSet: hostPID is needed to repair running containers' views of a volume (csi/views.go)")
+	}
 	node := containers["blobfs"]
 	if node.SecurityContext == nil || node.SecurityContext.Privileged == nil || !*node.SecurityContext.Privileged {
 		t.Error("node plugin must be privileged")

@@ -707,25 +707,49 @@ func TestNodePodDeleted(t *testing.T) {
 
 // --- 6. driver and keeper killed -----------------------------------------
 
+// openLoopScript opens, writes, reads back and closes a new file every
+// 100 ms and says how each went; it holds one file open from the start
+// (fd 3) and, when told to stop, says whether that file still takes a
+// write. A closed file is in the store (blobfs uploads at close).
+const openLoopScript = `exec 3>>/data/held.txt
+echo held-before >&3
+i=0
+while [ ! -f /tmp/stop ]; do
+  i=$((i+1))
+  if { echo "n$i" > /data/loop-$i.txt && [ "$(cat /data/loop-$i.txt)" = "n$i" ]; } 2>/dev/null; then
+    echo "ok $i"
+  else
+    echo "fail $i"
+  fi
+  sleep 0.1
+done
+if { echo held-after >&3; } 2>/dev/null; then echo "HELD ok"; else echo "HELD failed"; fi
+echo "DONE $i"
+`
+
+var loopLine = regexp.MustCompile(`(?m)^(\S+) (ok|fail) (\d+)$`)
+
 // TestDriverAndKeeperKilled: with every holder of the FUSE connection
 // gone (the driver's and the keeper's processes killed together), the
 // restarted driver repairs the dead staging mount by itself (start-up
-// recovery) and a new pod on the claim starts and reads; kubelet calls
+// recovery, no kubelet call) and gives the running container its view of
+// the volume back in place: its new opens work again without a restart;
+// the file it held open stays failed; every file it closed before the
+// kill is in the store. A new pod on the claim starts too; kubelet calls
 // NodePublishVolume without NodeStageVolume for it.
 func TestDriverAndKeeperKilled(t *testing.T) {
 	ctx := testContext(t)
 	keepDriverUp(t)
 	c := theCluster
-	pvName, _ := newClaim(t, ctx, "crash", classDelete)
+	pvName, container := newClaim(t, ctx, "crash", classDelete)
 	staging := stagingPath(volumeHandle(t, pvName))
-	first := c.podWith("crash-first", "set -e; echo before the crash > /data/before.txt; sleep 3600", pvcVolume("data", "crash", false))
+	first := c.podWith("crash-first", openLoopScript, pvcVolume("data", "crash", false))
 	runPod(t, ctx, first)
 	if err := c.waitPodPhase(ctx, first.Name, corev1.PodRunning, 180*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitUntil(ctx, "the first pod wrote its file", 60*time.Second, func() (bool, error) {
-		out, err := c.exec(first.Name, "cat", "/data/before.txt")
-		return err == nil && out == "before the crash\n", nil
+	if err := waitUntil(ctx, "the first pod's loop runs", 60*time.Second, func() (bool, error) {
+		return strings.Contains(podLog(t, first.Name), "ok 5\n"), nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -749,10 +773,11 @@ func TestDriverAndKeeperKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("kill -9 of the driver (pid %d) and the keeper (pid %d)", driverPID, keeperPID)
+	killedAt := time.Now()
 	syscall.Kill(driverPID, syscall.SIGKILL)
 	syscall.Kill(keeperPID, syscall.SIGKILL)
 	if err := waitUntil(ctx, "the staging mount died", 30*time.Second, func() (bool, error) {
-		_, err := readFileFromHost(filepath.Join(staging, "before.txt"))
+		_, err := readFileFromHost(filepath.Join(staging, "loop-1.txt"))
 		return err != nil, nil
 	}); err != nil {
 		t.Fatalf("%v: the test would prove nothing", err)
@@ -765,31 +790,93 @@ func TestDriverAndKeeperKilled(t *testing.T) {
 	}
 	// Repaired by the driver itself, before any kubelet call for it.
 	if err := waitUntil(ctx, "the restarted driver repaired the staging mount", 90*time.Second, func() (bool, error) {
-		out, err := readFileFromHost(filepath.Join(staging, "before.txt"))
-		return err == nil && out == "before the crash\n", nil
+		out, err := readFileFromHost(filepath.Join(staging, "loop-1.txt"))
+		return err == nil && out == "n1\n", nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.waitDriverRegistered(ctx, 60*time.Second); err != nil {
-		t.Fatal(err)
+	// The running container: its new opens fail while the connection is
+	// dead, then work again, with no restart of it.
+	var firstFail, back time.Time
+	lastOKBefore := 0
+	if err := waitUntil(ctx, "the running container's new opens work again", 2*time.Minute, func() (bool, error) {
+		out, err := c.kubectl("logs", "-n", "default", "--timestamps", first.Name)
+		if err != nil {
+			return false, nil
+		}
+		firstFail, back, lastOKBefore = time.Time{}, time.Time{}, 0
+		for _, m := range loopLine.FindAllStringSubmatch(out, -1) {
+			ts, _ := time.Parse(time.RFC3339Nano, m[1])
+			n, _ := strconv.Atoi(m[3])
+			switch {
+			case m[2] == "fail" && firstFail.IsZero():
+				firstFail = ts
+			case m[2] == "ok" && firstFail.IsZero():
+				lastOKBefore = n
+			case m[2] == "ok" && back.IsZero():
+				back = ts
+			}
+		}
+		return !back.IsZero(), nil
+	}); err != nil {
+		t.Fatalf("%v; the driver's log:\n%s", err, lastLines(c.componentLog(np.Name, "blobfs", false), 30))
+	}
+	t.Logf("the running container's new opens failed from %s after the kill and worked again %s after it (no restart of the container)",
+		firstFail.Sub(killedAt).Round(100*time.Millisecond), back.Sub(killedAt).Round(100*time.Millisecond))
+	if p, err := c.pod(first.Name); err != nil || p.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Errorf("the first pod's container restarted (%v): the repair should not need it", err)
+	}
+	log := c.componentLog(np.Name, "blobfs", false)
+	if !strings.Contains(log, "running containers have their volume back") {
+		t.Errorf("the restarted driver did not say it repaired the running containers' views; its log:\n%s", lastLines(log, 30))
+	}
+	if strings.Contains(log, "NodePublishVolume") || strings.Contains(log, "NodeStageVolume") {
+		t.Errorf("kubelet called the driver before the second pod: the repair was not the driver's own")
+	}
+	// Every file the container closed before the kill is in the store.
+	for i := 1; i <= lastOKBefore; i++ {
+		name := fmt.Sprintf("loop-%d.txt", i)
+		if b, err := c.readBlob(ctx, container, name); err != nil || string(b) != fmt.Sprintf("n%d\n", i) {
+			t.Errorf("blob %s, closed before the kill: %q, %v", name, b, err)
+		}
+	}
+	t.Logf("the %d files the container closed before the kill are in Azurite", lastOKBefore)
+	// What it wrote to the file it held open, never closed nor fsync'd,
+	// is uploaded from its spill file by the new mount (the blob did not
+	// change meanwhile).
+	if err := waitUntil(ctx, "the held file's unsaved write reached Azurite from its spill file", time.Minute, func() (bool, error) {
+		b, err := c.readBlob(ctx, container, "held.txt")
+		return err == nil && string(b) == "held-before\n", nil
+	}); err != nil {
+		t.Error(err)
 	}
 
-	second := c.podWith("crash-second", "set -e; cat /data/before.txt; echo after the crash > /data/after.txt; sleep 3600", pvcVolume("data", "crash", false))
+	second := c.podWith("crash-second", "set -e; cat /data/loop-1.txt; echo after the crash > /data/after.txt; sleep 3600", pvcVolume("data", "crash", false))
 	runPod(t, ctx, second)
 	if err := c.waitPodPhase(ctx, second.Name, corev1.PodRunning, 180*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if err := waitUntil(ctx, "the second pod read the file", 60*time.Second, func() (bool, error) {
-		return strings.Contains(podLog(t, second.Name), "before the crash"), nil
+		return strings.Contains(podLog(t, second.Name), "n1"), nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	log := c.componentLog(np.Name, "blobfs", false)
+	log = c.componentLog(np.Name, "blobfs", false)
 	if !strings.Contains(log, "NodePublishVolume") {
 		t.Errorf("the restarted driver saw no NodePublishVolume for the second pod")
 	}
 	if strings.Contains(log, `method=NodeStageVolume`) {
 		t.Logf("note: kubelet staged the volume again after the restart")
+	}
+	// The file held open across the kill belongs to the dead connection.
+	if out, err := c.exec(first.Name, "touch", "/tmp/stop"); err != nil {
+		t.Fatalf("stopping the loop: %v: %s", err, out)
+	}
+	if err := c.waitPodPhase(ctx, first.Name, corev1.PodSucceeded, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if flog := podLog(t, first.Name); !strings.Contains(flog, "HELD failed") {
+		t.Errorf("a write to the file held open across the kill did not fail, as documented; the pod's log ends:\n%s", lastLines(flog, 5))
 	}
 	for _, p := range []string{first.Name, second.Name} {
 		if err := c.deletePod(ctx, p); err != nil {
