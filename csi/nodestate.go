@@ -63,8 +63,8 @@ type VolumeRecord struct {
 	// running containers' mount namespaces are still to be replaced
 	// (views.go). Kept across restarts so that a repair that succeeds
 	// later still reaches them.
-	DeadDevices []string `json:"deadDevices,omitempty"`
-	Updated time.Time               `json:"updated"`
+	DeadDevices []string  `json:"deadDevices,omitempty"`
+	Updated     time.Time `json:"updated"`
 }
 
 // TargetRecord is one published target.
