@@ -277,9 +277,27 @@ func (d *Driver) logRepairFailure(rec VolumeRecord, msg, path string, st PathSta
 	d.markUnhealthy(rec.VolumeID, msgOf(err))
 	if d.reportRepairFailure(rec.VolumeID, msgOf(err)) {
 		d.log.Error(msg, attrs...)
+		d.warnVolume(rec.VolumeID, "VolumeMountLost", msg+": "+msgOf(err))
 		return
 	}
 	d.log.Debug(msg, attrs...)
+}
+
+// warnVolume records a Warning event on the volume's PersistentVolume, in
+// the background (the API server must not slow the health check down),
+// when the driver may use the API.
+func (d *Driver) warnVolume(volumeID, reason, message string) {
+	ev, ok := d.secrets.(VolumeEvents)
+	if !ok {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := ev.WarnVolume(ctx, d.cfg.DriverName, volumeID, d.cfg.NodeID, reason, message); err != nil {
+			d.log.Warn("could not record an event on the volume's PersistentVolume", "volume", volumeID, "err", err)
+		}
+	}()
 }
 
 // msgOf is an error's message, its gRPC status's if it has one.

@@ -1,6 +1,7 @@
 package csi
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -87,20 +88,12 @@ func (k *kubeSecrets) GetSecret(ctx context.Context, namespace, name string) (ma
 // (ErrSecretNotFound for a Secret); another answer than 200 an error with
 // the server's message (a Status object, without secret data).
 func (k *kubeSecrets) get(ctx context.Context, path, what string) ([]byte, error) {
-	token := k.token
-	if k.tokenFile != "" {
-		b, err := os.ReadFile(k.tokenFile) // projected tokens rotate
-		if err != nil {
-			return nil, fmt.Errorf("service account token: %w", err)
-		}
-		token = strings.TrimSpace(string(b))
-	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.host+path, nil)
 	if err != nil {
 		return nil, err
 	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+	if err := k.authorize(req); err != nil {
+		return nil, err
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := k.hc.Do(req)
@@ -124,6 +117,23 @@ func (k *kubeSecrets) get(ctx context.Context, path, what string) ([]byte, error
 	return nil, fmt.Errorf("get %s: API server says %s: %s", what, resp.Status, clip(string(body), 300))
 }
 
+// authorize sets the request's bearer token, read anew each time from a
+// token file (projected tokens rotate).
+func (k *kubeSecrets) authorize(req *http.Request) error {
+	token := k.token
+	if k.tokenFile != "" {
+		b, err := os.ReadFile(k.tokenFile)
+		if err != nil {
+			return fmt.Errorf("service account token: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	return nil
+}
+
 // StageSecretRefs finds the Secret that a PersistentVolume names for
 // NodeStageVolume (spec.csi.nodeStageSecretRef). kubelet gives those
 // credentials only in the request, and does not stage again after the
@@ -137,41 +147,113 @@ type StageSecretRefs interface {
 // handle, or the one that has it names no nodeStageSecretRef.
 var ErrNoStageSecretRef = errors.New("no PersistentVolume of this driver names a nodeStageSecretRef for the volume")
 
-// StageSecretRef lists the PersistentVolumes (the handle is not a field
-// the API server can select on; this runs only when a mount is repaired)
-// and returns the nodeStageSecretRef of the one with the handle.
-func (k *kubeSecrets) StageSecretRef(ctx context.Context, driver, volumeHandle string) (string, string, error) {
+// pvOf lists the PersistentVolumes (the handle is not a field the API
+// server can select on; this runs only when a mount is repaired) and
+// returns the one of the driver with the handle.
+func (k *kubeSecrets) pvOf(ctx context.Context, driver, volumeHandle string) (*pvSummary, error) {
 	body, err := k.get(ctx, "/api/v1/persistentvolumes", "persistentvolumes")
+	if err != nil {
+		return nil, err
+	}
+	var list struct {
+		Items []pvSummary `json:"items"`
+	}
+	if err := json.Unmarshal(body, &list); err != nil {
+		return nil, fmt.Errorf("persistentvolumes: %w", err)
+	}
+	for i, pv := range list.Items {
+		if c := pv.Spec.CSI; c != nil && c.Driver == driver && c.VolumeHandle == volumeHandle {
+			return &list.Items[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// pvSummary is the part of a PersistentVolume the driver reads.
+type pvSummary struct {
+	Metadata struct {
+		Name string `json:"name"`
+		UID  string `json:"uid"`
+	} `json:"metadata"`
+	Spec struct {
+		CSI *struct {
+			Driver             string `json:"driver"`
+			VolumeHandle       string `json:"volumeHandle"`
+			NodeStageSecretRef *struct {
+				Name      string `json:"name"`
+				Namespace string `json:"namespace"`
+			} `json:"nodeStageSecretRef"`
+		} `json:"csi"`
+	} `json:"spec"`
+}
+
+// StageSecretRef returns the nodeStageSecretRef of the driver's
+// PersistentVolume with the handle.
+func (k *kubeSecrets) StageSecretRef(ctx context.Context, driver, volumeHandle string) (string, string, error) {
+	pv, err := k.pvOf(ctx, driver, volumeHandle)
 	if err != nil {
 		return "", "", err
 	}
-	var list struct {
-		Items []struct {
-			Spec struct {
-				CSI *struct {
-					Driver             string `json:"driver"`
-					VolumeHandle       string `json:"volumeHandle"`
-					NodeStageSecretRef *struct {
-						Name      string `json:"name"`
-						Namespace string `json:"namespace"`
-					} `json:"nodeStageSecretRef"`
-				} `json:"csi"`
-			} `json:"spec"`
-		} `json:"items"`
-	}
-	if err := json.Unmarshal(body, &list); err != nil {
-		return "", "", fmt.Errorf("persistentvolumes: %w", err)
-	}
-	for _, pv := range list.Items {
-		c := pv.Spec.CSI
-		if c == nil || c.Driver != driver || c.VolumeHandle != volumeHandle {
-			continue
-		}
-		if r := c.NodeStageSecretRef; r != nil && r.Name != "" {
+	if pv != nil {
+		if r := pv.Spec.CSI.NodeStageSecretRef; r != nil && r.Name != "" {
 			return r.Namespace, r.Name, nil
 		}
 	}
 	return "", "", ErrNoStageSecretRef
+}
+
+// VolumeEvents records a Warning event on the PersistentVolume of a
+// volume, where `kubectl describe pv` shows it: for a mount the driver
+// lost and cannot mount again by itself.
+type VolumeEvents interface {
+	WarnVolume(ctx context.Context, driver, volumeHandle, node, reason, message string) error
+}
+
+// WarnVolume posts the event in the default namespace (that of events
+// about cluster-scoped objects). A volume without a PersistentVolume (an
+// inline volume) gets none.
+func (k *kubeSecrets) WarnVolume(ctx context.Context, driver, volumeHandle, node, reason, message string) error {
+	pv, err := k.pvOf(ctx, driver, volumeHandle)
+	if err != nil || pv == nil {
+		return err
+	}
+	now := time.Now().UTC().Format(time.RFC3339)
+	ev := map[string]any{
+		"apiVersion": "v1", "kind": "Event",
+		"metadata":       map[string]any{"generateName": pv.Metadata.Name + ".", "namespace": "default"},
+		"involvedObject": map[string]any{"apiVersion": "v1", "kind": "PersistentVolume", "name": pv.Metadata.Name, "uid": pv.Metadata.UID},
+		"type":           "Warning", "reason": reason, "message": clip(message, 1000),
+		"source":         map[string]any{"component": driver, "host": node},
+		"firstTimestamp": now, "lastTimestamp": now, "count": 1,
+		"reportingComponent": driver, "reportingInstance": node,
+	}
+	body, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	return k.post(ctx, "/api/v1/namespaces/default/events", body, "event on persistentvolume "+pv.Metadata.Name)
+}
+
+// post POSTs a JSON object to the API server.
+func (k *kubeSecrets) post(ctx context.Context, path string, body []byte, what string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, k.host+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	if err := k.authorize(req); err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := k.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", what, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("create %s: API server says %s: %s", what, resp.Status, clip(string(msg), 300))
+	}
+	return nil
 }
 
 // KubeconfigSecrets returns a SecretGetter that reads Secrets with the

@@ -1,32 +1,49 @@
 package main
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 )
 
 // fakeAPIServer answers what the driver asks the Kubernetes API for when
 // it repairs a volume: the PersistentVolumes (one, whose nodeStageSecretRef
-// names a Secret) and that Secret. It returns a kubeconfig for it.
+// names a Secret) and that Secret; it takes events. It returns a
+// kubeconfig for it and the requests so far ("METHOD PATH", and the body
+// of a POST after a space).
 func fakeAPIServer(t *testing.T, volumeHandle string, secret map[string]string) (kubeconfig string, requests func() []string) {
 	t.Helper()
 	const token = "test-token"
-	var log []string
+	var (
+		mu  sync.Mutex
+		log []string
+	)
 	data := map[string]string{}
 	for k, v := range secret {
 		data[k] = base64.StdEncoding.EncodeToString([]byte(v))
 	}
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		log = append(log, r.Method+" "+r.URL.Path)
+		entry := r.Method + " " + r.URL.Path
+		if r.Method == http.MethodPost {
+			b, _ := io.ReadAll(r.Body)
+			entry += " " + string(b)
+		}
+		mu.Lock()
+		log = append(log, entry)
+		mu.Unlock()
 		if r.Header.Get("Authorization") != "Bearer "+token {
 			http.Error(w, `{"kind":"Status","code":401}`, http.StatusUnauthorized)
 			return
@@ -44,6 +61,9 @@ func fakeAPIServer(t *testing.T, volumeHandle string, secret map[string]string) 
 			}})
 		case "/api/v1/namespaces/team-a/secrets/azure-creds":
 			json.NewEncoder(w).Encode(map[string]any{"kind": "Secret", "data": data})
+		case "/api/v1/namespaces/default/events":
+			w.WriteHeader(http.StatusCreated)
+			w.Write([]byte(`{"kind":"Event"}`))
 		default:
 			http.Error(w, `{"kind":"Status","code":404}`, http.StatusNotFound)
 		}
@@ -69,7 +89,11 @@ users:
 	if err := os.WriteFile(kubeconfig, []byte(kc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return kubeconfig, func() []string { return append([]string(nil), log...) }
+	return kubeconfig, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), log...)
+	}
 }
 
 // TestSelfHealFromStageSecretRef: the keeper and the driver die together,
@@ -110,6 +134,50 @@ func TestSelfHealFromStageSecretRef(t *testing.T) {
 	if c := r.storeContent(); c["after.txt"] == "" || c["kept.txt"] == "" {
 		t.Errorf("store after teardown: %v", c)
 	}
+}
+
+// TestLostMountEventOnPV: the keeper and the driver die together and the
+// restarted driver cannot get the volume's credentials again (the Secret
+// its PersistentVolume names holds none): it says so with one Warning
+// event on the PersistentVolume, where kubectl describe pv shows it, not
+// one per health check; the volume is reported abnormal, and kubelet's
+// next NodePublishVolume with the credentials repairs it.
+func TestLostMountEventOnPV(t *testing.T) {
+	r, target := newPublishedRig(t)
+	kubeconfig, requests := fakeAPIServer(t, r.volumeID, map[string]string{"unrelated": "x"})
+	r.killBoth(target)
+	r.startKeeper()
+	r.startDriver("--kubeconfig=" + kubeconfig)
+	time.Sleep(3500 * time.Millisecond) // health checks every second here
+	var events []string
+	for _, req := range requests() {
+		if strings.HasPrefix(req, "POST /api/v1/namespaces/default/events ") {
+			events = append(events, strings.TrimPrefix(req, "POST /api/v1/namespaces/default/events "))
+		}
+	}
+	if len(events) != 1 {
+		t.Fatalf("%d events posted in 3.5 s of failed repairs; want 1: %q", len(events), events)
+	}
+	var ev struct {
+		Type, Reason, Message string
+		InvolvedObject        struct{ Kind, Name string }
+	}
+	if err := json.Unmarshal([]byte(events[0]), &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.Type != "Warning" || ev.Reason != "VolumeMountLost" || ev.InvolvedObject.Kind != "PersistentVolume" || ev.InvolvedObject.Name != "pv-data" ||
+		!strings.Contains(ev.Message, "cannot be mounted again") {
+		t.Errorf("event %+v; want a Warning VolumeMountLost on PersistentVolume pv-data that says why", ev)
+	}
+	stats, err := r.node.NodeGetVolumeStats(context.Background(), &csipb.NodeGetVolumeStatsRequest{VolumeId: r.volumeID, VolumePath: target})
+	if err != nil || !stats.GetVolumeCondition().GetAbnormal() {
+		t.Errorf("a volume that cannot be repaired is reported %v, %v; want abnormal", stats.GetVolumeCondition(), err)
+	}
+	target2, err := r.publish("pod-b", r.secrets())
+	if err != nil {
+		t.Fatalf("NodePublishVolume with the credentials: %v", err)
+	}
+	r.teardown(target, target2)
 }
 
 // linesContaining returns the lines of s that contain sub.
