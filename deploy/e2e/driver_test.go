@@ -37,10 +37,6 @@ const (
 	classRetain = "blobfs-retain"
 )
 
-func (c *cluster) driverSocket() string {
-	return filepath.Join(c.kubeletDir, "plugins", driverName, "csi.sock")
-}
-
 func (c *cluster) setUpBlobfs(ctx context.Context) error {
 	if err := c.startAzurite(); err != nil {
 		return err
