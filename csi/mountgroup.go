@@ -140,7 +140,7 @@ func (d *Driver) regroup(ctx context.Context, rec VolumeRecord, smp *MountPoint,
 		return rec, storeError("unmount "+rec.StagingPath+" to mount it for group "+group, err)
 	}
 	rec.MountGroup = group
-	if err := d.remount(ctx, rec, "staging_target_path", rec.StagingPath, PathStatus{State: PathNotMounted}); err != nil {
+	if err := d.remount(ctx, &rec, "staging_target_path", rec.StagingPath, PathStatus{State: PathNotMounted}); err != nil {
 		return rec, err
 	}
 	if err := d.state.Put(rec); err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -277,6 +278,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolume
 	}
 	defer mp.Close()
 	st := d.mounter.Status(ctx, mp)
+	deadDev := "" // the device of a dead mount replaced here (views.go)
 	if old, ok := d.state.Get(v.volumeID); ok && st.State == PathMounted && v.mountGroup != "" && v.mountGroup != old.MountGroup {
 		// Staged for another fsGroup (mountgroup.go): mounted again
 		// for this one if no pod uses it; else it keeps its group and
@@ -301,6 +303,9 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolume
 		}
 	case PathCorrupted:
 		d.log.Warn("staging path holds a dead mount; mounting again", "volume", v.volumeID, "path", staging, "err", st.Err)
+		if dev, err := mountDevice(mp); err == nil {
+			deadDev = dev
+		}
 		if err := d.mounter.UnmountVolume(ctx, mp); err != nil {
 			return nil, status.Errorf(codes.Internal, "remove dead mount at %s: %v", staging, err)
 		}
@@ -317,10 +322,15 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolume
 	rec.StagingPath = staging
 	if old, ok := d.state.Get(v.volumeID); ok {
 		rec.Targets = old.Targets
+		rec.DeadDevices = old.DeadDevices
+	}
+	if deadDev != "" && !slices.Contains(rec.DeadDevices, deadDev) {
+		rec.DeadDevices = append(rec.DeadDevices, deadDev)
 	}
 	if err := d.recordMounted(ctx, v, rec, mp); err != nil {
 		return nil, err
 	}
+	d.replaceDeadViews(&rec, mp)
 	d.log.Info("volume staged", "volume", v.volumeID, "container", v.id.Container, "path", staging, "read_only", v.readOnly, "group", rec.MountGroup)
 	return &csipb.NodeStageVolumeResponse{}, nil
 }
@@ -483,7 +493,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		if c, err := parseSecrets(req.GetSecrets(), "secrets"); err == nil && !c.empty() {
 			d.setCreds(id, c)
 		}
-		if err := d.remount(ctx, rec, "staging_target_path", staging, st); err != nil {
+		if err := d.remount(ctx, &rec, "staging_target_path", staging, st); err != nil {
 			return nil, err
 		}
 		if smp == nil {
@@ -492,6 +502,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 			}
 			defer smp.Close()
 		}
+		d.replaceDeadViews(&rec, smp)
 	}
 	if group != "" && group != rec.MountGroup {
 		if rec, err = d.regroup(ctx, rec, smp, target, group); err != nil {
@@ -873,8 +884,13 @@ func (d *Driver) credsFor(ctx context.Context, rec VolumeRecord) (credentials, e
 
 // remount mounts a recorded volume again at path (its staging path, or an
 // inline volume's target) after its mount was lost.
-func (d *Driver) remount(ctx context.Context, rec VolumeRecord, field, path string, st PathStatus) error {
-	creds, err := d.credsFor(ctx, rec)
+func (d *Driver) remount(ctx context.Context, rec *VolumeRecord, field, path string, st PathStatus) error {
+	if st.State == PathCorrupted {
+		// Before the dead mount goes: running containers hold copies of
+		// it, found by its device once the volume works again.
+		d.noteDeadDevice(rec, field, path)
+	}
+	creds, err := d.credsFor(ctx, *rec)
 	if err != nil {
 		d.markUnhealthy(rec.VolumeID, status.Convert(err).Message())
 		return err

@@ -122,10 +122,7 @@ func (d *Driver) checkVolume(ctx context.Context, rec VolumeRecord) {
 				d.markUnhealthy(rec.VolumeID, "target is a symlink")
 				continue
 			}
-			if st.State == PathCorrupted {
-				d.noteDeadDevice(&rec, "target_path", target)
-			}
-			if err := d.remount(ctx, rec, "target_path", target, st); err != nil {
+			if err := d.remount(ctx, &rec, "target_path", target, st); err != nil {
 				d.logRepairFailure(rec, "inline volume's mount is gone and cannot be mounted again yet", target, st, err)
 				continue
 			}
@@ -137,16 +134,13 @@ func (d *Driver) checkVolume(ctx context.Context, rec VolumeRecord) {
 		return
 	}
 	st, err := d.statusOf(ctx, "staging_target_path", rec.StagingPath)
-	if st.State == PathCorrupted {
-		d.noteDeadDevice(&rec, "staging_target_path", rec.StagingPath)
-	}
 	if st.State == PathSymlink {
 		d.log.Warn("staging path is or passes through a symlink: not followed; volume left alone", "volume", rec.VolumeID, "path", rec.StagingPath, "err", msgOf(err))
 		d.markUnhealthy(rec.VolumeID, "staging path is a symlink")
 		return
 	}
 	if st.State != PathMounted {
-		if err := d.remount(ctx, rec, "staging_target_path", rec.StagingPath, st); err != nil {
+		if err := d.remount(ctx, &rec, "staging_target_path", rec.StagingPath, st); err != nil {
 			d.logRepairFailure(rec, "staging mount is gone and cannot be mounted again yet", rec.StagingPath, st, err)
 			if st.State == PathCorrupted {
 				// Leave no dead mount: kubelet cannot stage over one.
