@@ -327,10 +327,13 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolume
 	if deadDev != "" && !slices.Contains(rec.DeadDevices, deadDev) {
 		rec.DeadDevices = append(rec.DeadDevices, deadDev)
 	}
+	// Running containers' views of the dead mount are replaced by the
+	// next health check, after it has bound the targets again: their
+	// dead binds must be gone from the node's namespaces first, or the
+	// scan would take them for containers' views.
 	if err := d.recordMounted(ctx, v, rec, mp); err != nil {
 		return nil, err
 	}
-	d.replaceDeadViews(&rec, mp)
 	d.log.Info("volume staged", "volume", v.volumeID, "container", v.id.Container, "path", staging, "read_only", v.readOnly, "group", rec.MountGroup)
 	return &csipb.NodeStageVolumeResponse{}, nil
 }
@@ -502,7 +505,6 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 			}
 			defer smp.Close()
 		}
-		d.replaceDeadViews(&rec, smp)
 	}
 	if group != "" && group != rec.MountGroup {
 		if rec, err = d.regroup(ctx, rec, smp, target, group); err != nil {
