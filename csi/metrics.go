@@ -26,6 +26,9 @@ type Metrics struct {
 	// viewRepairs counts running containers' mounts of dead connections
 	// replaced (or not) after a repair (views.go).
 	viewRepairs *prometheus.CounterVec // result
+	// driverRestarts counts restarts in place (blobfs csi
+	// --restart-in-place) before this process.
+	driverRestarts prometheus.Counter
 
 	mu         sync.Mutex
 	mountsFunc func() map[string]int // state -> count; guarded by mu
@@ -46,10 +49,18 @@ func NewMetrics() *Metrics {
 			Name: "blobfs_csi_container_views_repaired_total",
 			Help: "Running containers' mounts of a dead FUSE connection, replaced in place by a working mount (result=replaced) or not (result=failed).",
 		}, []string{"result"}),
+		driverRestarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "blobfs_csi_driver_restarts_total",
+			Help: "Times the driver process died and was started again in place by its supervisor (blobfs csi --restart-in-place) since the container started.",
+		}),
 	}
-	m.Registry.MustRegister(m.csiCalls, m.csiLatency, m.viewRepairs, mountsCollector{m})
+	m.Registry.MustRegister(m.csiCalls, m.csiLatency, m.viewRepairs, m.driverRestarts, mountsCollector{m})
 	return m
 }
+
+// CountDriverRestarts adds the restarts in place that came before this
+// process.
+func (m *Metrics) CountDriverRestarts(n int) { m.driverRestarts.Add(float64(n)) }
 
 // countViewRepairs adds the outcome of one ReplaceDeadViews.
 func (m *Metrics) countViewRepairs(r ViewRepair) {

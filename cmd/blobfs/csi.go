@@ -17,6 +17,8 @@ type csiFlags struct {
 	mode       string
 	log        logFlags
 	kubeconfig string
+	// restartInPlace: supervise the driver as a child (csirestart.go).
+	restartInPlace bool
 }
 
 func registerCSIFlags(fl *pflag.FlagSet, f *csiFlags) {
@@ -40,6 +42,7 @@ func registerCSIFlags(fl *pflag.FlagSet, f *csiFlags) {
 	fl.DurationVar(&f.cfg.HealthInterval, "health-interval", 30*time.Second, "how often the node checks its mounts and repairs dead ones (0 disables)")
 	f.log.register(fl)
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "read Secrets (secretName) through this kubeconfig instead of the pod's service account: for a driver run outside a pod")
+	fl.BoolVar(&f.restartInPlace, "restart-in-place", false, "run the driver as a child process and start it again at once when it crashes or is OOM-killed (up to 5 times in 10 minutes), instead of waiting for kubelet's restart back-off")
 }
 
 // runCSI is `blobfs csi`, its flags parsed into f.
@@ -61,8 +64,13 @@ func runCSI(f csiFlags) error {
 	if err != nil {
 		return err
 	}
+	if f.restartInPlace && os.Getenv(envCSIChild) == "" {
+		return superviseCSI(logger)
+	}
 	f.cfg.Version = version
 	f.cfg.Logger = logger
+	f.cfg.Metrics = csi.NewMetrics()
+	f.cfg.Metrics.CountDriverRestarts(restartsBefore())
 	if f.kubeconfig != "" {
 		if f.cfg.Secrets, err = csi.KubeconfigSecrets(f.kubeconfig); err != nil {
 			return err

@@ -34,6 +34,10 @@ var version = "dev"
 
 func main() {
 	if err := run(os.Args); err != nil {
+		var child childExit
+		if errors.As(err, &child) {
+			os.Exit(child.code) // the driver said why (csirestart.go)
+		}
 		var u usageError
 		if errors.As(err, &u) {
 			fmt.Fprintf(os.Stderr, "blobfs: %v\n", err)

@@ -517,12 +517,15 @@ func reportPause(t *testing.T, ctx context.Context, pod, event string, at time.T
 	t.Logf("%s: the application paused %s (an append takes %s)", event, pause, usual)
 }
 
-// --- 3. the driver's container killed -----------------------------------
+// --- 3. the driver killed -------------------------------------------------
 
-// TestDriverKilledWhileStreaming: kill -9 of the driver's process in the
-// node plugin's pod, twice, while a pod streams: kubelet restarts the
-// container, the new driver adopts the mounts from the keeper, and the
-// application sees a pause, no error, every byte in the store.
+// TestDriverKilledWhileStreaming: kill -9 of the driver while a pod
+// streams. Twice the driver process itself (the container's main process
+// supervises it, --restart-in-place, and starts it again at once: no
+// container restart, so no kubelet back-off), then the container's main
+// process (kubelet restarts the container). Each time the new driver
+// adopts the mounts from the keeper; the application sees a pause, no
+// error, every byte in the store.
 func TestDriverKilledWhileStreaming(t *testing.T) {
 	ctx := testContext(t)
 	keepDriverUp(t)
@@ -530,13 +533,20 @@ func TestDriverKilledWhileStreaming(t *testing.T) {
 	pod, container := startStream(t, ctx, "stream-kill")
 	for round := 1; round <= 2; round++ {
 		at := time.Now()
-		took, err := c.killContainer(ctx, appNode, "blobfs")
+		took, err := c.killDriverInPlace(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("round %d: kill -9 of the driver; kubelet had it running and ready again after %s", round, took.Round(100*time.Millisecond))
+		t.Logf("round %d: kill -9 of the driver process; its supervisor had a new one serving after %s, the container was not restarted", round, took.Round(100*time.Millisecond))
 		reportPause(t, ctx, pod, fmt.Sprintf("round %d", round), at)
 	}
+	at := time.Now()
+	took, err := c.killContainer(ctx, appNode, "blobfs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("round 3: kill -9 of the container's main process; kubelet had it running and ready again after %s", took.Round(100*time.Millisecond))
+	reportPause(t, ctx, pod, "round 3", at)
 	np, err := c.componentPod(appNode)
 	if err != nil {
 		t.Fatal(err)
@@ -547,6 +557,70 @@ func TestDriverKilledWhileStreaming(t *testing.T) {
 	finishStream(t, ctx, pod, container)
 }
 
+// driverProcess is the driver process of the node plugin's pod: the child
+// of the blobfs container's main process (--restart-in-place).
+func (c *cluster) driverProcess() (pod *corev1.Pod, supervisor, driver int, err error) {
+	pod, err = c.componentPod(appNode)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	supervisor, err = c.containerPID(pod, "blobfs")
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", supervisor, supervisor))
+	children := strings.Fields(string(b))
+	if len(children) != 1 {
+		return nil, 0, 0, fmt.Errorf("the blobfs container's main process %d has children %v, want the one driver", supervisor, children)
+	}
+	driver, err = strconv.Atoi(children[0])
+	return pod, supervisor, driver, err
+}
+
+// killDriverInPlace kills the driver process and waits until its
+// supervisor has started a new one that serves (the pod ready), with no
+// container restart.
+func (c *cluster) killDriverInPlace(ctx context.Context) (time.Duration, error) {
+	pod, _, driver, err := c.driverProcess()
+	if err != nil {
+		return 0, err
+	}
+	st, _ := containerStatus(pod, "blobfs")
+	start := time.Now()
+	if err := syscall.Kill(driver, syscall.SIGKILL); err != nil {
+		return 0, err
+	}
+	if err := c.waitDriverReplaced(ctx, driver); err != nil {
+		return 0, err
+	}
+	took := time.Since(start)
+	var now corev1.Pod
+	if err := c.getJSON(&now, "get", "pod", "-n", systemNS, pod.Name); err != nil {
+		return 0, err
+	}
+	if s, _ := containerStatus(&now, "blobfs"); s.RestartCount != st.RestartCount {
+		return 0, fmt.Errorf("kubelet restarted the container (restarts %d -> %d): the driver was not restarted in place", st.RestartCount, s.RestartCount)
+	}
+	return took, nil
+}
+
+// waitDriverReplaced waits until the supervisor runs a driver other than
+// old and the node plugin's pod is ready.
+func (c *cluster) waitDriverReplaced(ctx context.Context, old int) error {
+	return waitUntil(ctx, "a new driver process serves", 2*time.Minute, func() (bool, error) {
+		pod, _, driver, err := c.driverProcess()
+		if err != nil || driver == old {
+			return false, nil
+		}
+		for _, cond := range pod.Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+}
+
 // --- 4. the driver OOM-killed --------------------------------------------
 
 // TestDriverOOMKilled: the driver is killed by the kernel for exceeding
@@ -554,66 +628,107 @@ func TestDriverKilledWhileStreaming(t *testing.T) {
 // lowers the limit of the running container's memory cgroup to just above
 // what it uses, so that the stream's next allocations cross it: the same
 // OOM kill a too-small limit in the manifest causes under load, at a
-// moment the test controls. kubelet reports OOMKilled and restarts the
-// container (with the manifest's limit); the application sees a pause.
+// moment the test controls. The kernel kills the larger process, the
+// driver; its supervisor starts it again at once (the test has put the
+// limit back), the container is not restarted, and the cgroup counts the
+// OOM kill. The application sees a pause.
 func TestDriverOOMKilled(t *testing.T) {
 	ctx := testContext(t)
 	keepDriverUp(t)
 	c := theCluster
 	pod, container := startStream(t, ctx, "stream-oom")
-	np, err := c.componentPod(appNode)
+	np, supervisor, driver, err := c.driverProcess()
 	if err != nil {
 		t.Fatal(err)
 	}
 	st, _ := containerStatus(np, "blobfs")
-	pid, err := c.containerPID(np, "blobfs")
+	cg, err := memoryCgroupFiles(supervisor)
 	if err != nil {
 		t.Fatal(err)
 	}
-	limitFile, usageFile, err := memoryCgroupFiles(pid)
+	if b, err := os.ReadFile(filepath.Join(filepath.Dir(cg.limit), "memory.oom.group")); err == nil && strings.TrimSpace(string(b)) == "1" {
+		t.Skip("cgroup v2 with memory.oom.group (kubelet sets it): an OOM kill ends the whole container, and kubelet restarts it; the restart in place this test checks does not apply")
+	}
+	original, err := os.ReadFile(cg.limit)
 	if err != nil {
 		t.Fatal(err)
 	}
+	oomsBefore := oomKills(t, cg)
 	at := time.Now()
-	if err := waitUntil(ctx, "the kernel OOM-killed the driver", 2*time.Minute, func() (bool, error) {
-		if syscall.Kill(pid, 0) != nil {
+	err = waitUntil(ctx, "the kernel OOM-killed the driver", 2*time.Minute, func() (bool, error) {
+		if syscall.Kill(driver, 0) != nil {
 			return true, nil
 		}
 		// Just above the current use: the stream's next buffers cross it.
 		// Written again each time, as the use moves.
-		b, err := os.ReadFile(usageFile)
+		b, err := os.ReadFile(cg.usage)
 		if err != nil {
-			return syscall.Kill(pid, 0) != nil, nil
+			return false, nil
 		}
 		usage, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		os.WriteFile(limitFile, []byte(strconv.FormatInt(usage+512<<10, 10)), 0o644)
+		os.WriteFile(cg.limit, []byte(strconv.FormatInt(usage+512<<10, 10)), 0o644)
 		return false, nil
-	}); err != nil {
+	})
+	// The manifest's limit back, before the next driver starts using
+	// memory.
+	if werr := os.WriteFile(cg.limit, original, 0o644); werr != nil {
+		t.Errorf("restoring the memory limit: %v", werr)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.waitRestarted(ctx, np.Name, "blobfs", st.RestartCount); err != nil {
+	if syscall.Kill(supervisor, 0) != nil {
+		t.Fatal("the OOM kill took the supervisor, not the driver")
+	}
+	if n := oomKills(t, cg); n <= oomsBefore {
+		t.Errorf("the cgroup counts %d OOM kills, %d before: the driver was not killed by the OOM killer", n, oomsBefore)
+	}
+	if err := c.waitDriverReplaced(ctx, driver); err != nil {
 		t.Fatal(err)
 	}
 	var after corev1.Pod
 	if err := c.getJSON(&after, "get", "pod", "-n", systemNS, np.Name); err != nil {
 		t.Fatal(err)
 	}
-	s, _ := containerStatus(&after, "blobfs")
-	if term := s.LastTerminationState.Terminated; term == nil || term.Reason != "OOMKilled" {
-		t.Errorf("the driver's last termination: %+v; want OOMKilled", term)
-	} else {
-		t.Logf("kubelet reports the driver %s (exit code %d) and restarted it", term.Reason, term.ExitCode)
+	if s, _ := containerStatus(&after, "blobfs"); s.RestartCount != st.RestartCount {
+		t.Errorf("kubelet restarted the container (restarts %d -> %d); want the driver restarted in place", st.RestartCount, s.RestartCount)
 	}
+	t.Logf("the kernel OOM-killed the driver; its supervisor started a new one, serving after %s", time.Since(at).Round(100*time.Millisecond))
 	reportPause(t, ctx, pod, "OOM kill", at)
 	finishStream(t, ctx, pod, container)
 }
 
-// memoryCgroupFiles finds the memory limit and usage files of a process's
-// cgroup (cgroup v1 or v2).
-func memoryCgroupFiles(pid int) (limit, usage string, err error) {
+// memoryCgroup names the files of a memory cgroup the test reads and
+// writes.
+type memoryCgroup struct {
+	limit, usage string
+	events       string // where the OOM kills are counted
+	eventsKey    string
+}
+
+// oomKills is the number of OOM kills the cgroup has seen.
+func oomKills(t *testing.T, cg memoryCgroup) int {
+	t.Helper()
+	b, err := os.ReadFile(cg.events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == cg.eventsKey {
+			n, _ := strconv.Atoi(f[1])
+			return n
+		}
+	}
+	t.Fatalf("%s has no %s line:\n%s", cg.events, cg.eventsKey, b)
+	return 0
+}
+
+// memoryCgroupFiles finds the memory cgroup files of a process
+// (cgroup v1 or v2).
+func memoryCgroupFiles(pid int) (memoryCgroup, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
-		return "", "", err
+		return memoryCgroup{}, err
 	}
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 		f := strings.SplitN(line, ":", 3)
@@ -623,17 +738,19 @@ func memoryCgroupFiles(pid int) (limit, usage string, err error) {
 		for _, ctl := range strings.Split(f[1], ",") {
 			if ctl == "memory" {
 				dir := filepath.Join("/sys/fs/cgroup/memory", f[2])
-				return filepath.Join(dir, "memory.limit_in_bytes"), filepath.Join(dir, "memory.usage_in_bytes"), nil
+				return memoryCgroup{limit: filepath.Join(dir, "memory.limit_in_bytes"), usage: filepath.Join(dir, "memory.usage_in_bytes"),
+					events: filepath.Join(dir, "memory.oom_control"), eventsKey: "oom_kill"}, nil
 			}
 		}
 		if f[0] == "0" && f[1] == "" {
 			dir := filepath.Join("/sys/fs/cgroup", f[2])
 			if _, err := os.Stat(filepath.Join(dir, "memory.max")); err == nil {
-				return filepath.Join(dir, "memory.max"), filepath.Join(dir, "memory.current"), nil
+				return memoryCgroup{limit: filepath.Join(dir, "memory.max"), usage: filepath.Join(dir, "memory.current"),
+					events: filepath.Join(dir, "memory.events"), eventsKey: "oom_kill"}, nil
 			}
 		}
 	}
-	return "", "", fmt.Errorf("no memory cgroup for pid %d in:\n%s", pid, b)
+	return memoryCgroup{}, fmt.Errorf("no memory cgroup for pid %d in:\n%s", pid, b)
 }
 
 // --- 5. the node plugin's pod deleted -------------------------------------
