@@ -3,6 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,7 +38,13 @@ func childPIDs(pid int) []int {
 func TestRestartInPlace(t *testing.T) {
 	r, target := newPublishedRig(t)
 	r.stopDriver(syscall.SIGTERM)
-	r.startDriver("--restart-in-place", "--metrics-address=127.0.0.1:0")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := l.Addr().String()
+	l.Close()
+	r.startDriver("--restart-in-place", "--metrics-address="+metricsAddr)
 	sup := r.driver.Process.Pid
 	for round := 1; round <= 3; round++ {
 		children := childPIDs(sup)
@@ -68,12 +77,21 @@ func TestRestartInPlace(t *testing.T) {
 		t.Errorf("the supervisor logged %d restarts, want 3", strings.Count(log, "the driver died; starting it again in place"))
 	}
 	child := childPIDs(sup)[0]
-	env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", child))
-	if !strings.Contains(string(env), envCSIRestarts+"=3\x00") {
-		t.Errorf("the third restarted driver was not told of the 3 restarts before it")
+	var metrics string
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(metrics, "\nblobfs_csi_driver_restarts_total 3\n") && time.Now().Before(deadline) {
+		if resp, err := http.Get("http://" + metricsAddr + "/metrics"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			metrics = string(b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !strings.Contains(metrics, "\nblobfs_csi_driver_restarts_total 3\n") {
+		t.Errorf("the driver after 3 restarts in place reports:\n%s", linesContaining(metrics, "restarts"))
 	}
 	r.stopDriver(syscall.SIGKILL)
-	deadline := time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(10 * time.Second)
 	for syscall.Kill(child, 0) == nil {
 		if time.Now().After(deadline) {
 			t.Fatal("the driver outlived its supervisor")
