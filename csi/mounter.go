@@ -467,24 +467,35 @@ func (m *BlobfsMounter) BindMount(source, target *MountPoint, readOnly bool) err
 		return err
 	}
 	defer dst.Close()
-	tree, err := unix.OpenTree(int(src.Fd()), "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	tree, err := cloneMount(int(src.Fd()), readOnly)
 	if err != nil {
-		return fmt.Errorf("bind mount %s at %s: clone the mount: %w", source.Path, target.Path, err)
+		return fmt.Errorf("bind mount %s at %s: %w", source.Path, target.Path, err)
 	}
-	// Until it is attached, the clone is dropped when its fd is closed.
 	defer unix.Close(tree)
-	if readOnly {
-		// nosuid and nodev come with the clone (the blobfs mount has
-		// them); setting them again is harmless.
-		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
-		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, attr); err != nil {
-			return fmt.Errorf("make the bind mount of %s read-only: %w", source.Path, err)
-		}
-	}
 	if err := unix.MoveMount(tree, "", int(dst.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
 		return fmt.Errorf("bind mount %s at %s: %w", source.Path, target.Path, err)
 	}
 	return nil
+}
+
+// cloneMount clones the mount at the directory dirfd (open_tree), detached
+// and read-only if asked (mount_setattr) before it is ever visible. Until
+// it is attached (move_mount), the clone is dropped when its fd is closed.
+func cloneMount(dirfd int, readOnly bool) (int, error) {
+	tree, err := unix.OpenTree(dirfd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return -1, fmt.Errorf("clone the mount: %w", err)
+	}
+	if readOnly {
+		// nosuid and nodev come with the clone (blobfs mounts have
+		// them); setting them again is harmless.
+		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, attr); err != nil {
+			unix.Close(tree)
+			return -1, fmt.Errorf("make the clone read-only: %w", err)
+		}
+	}
+	return tree, nil
 }
 
 func (m *BlobfsMounter) Unmount(mp *MountPoint) error {

@@ -236,17 +236,11 @@ func replaceView(proc string, src *os.File, v deadView) error {
 		defer unix.Close(fd)
 		dirfd = fd
 	}
-	tree, err := unix.OpenTree(dirfd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	tree, err := cloneMount(dirfd, v.readOnly)
 	if err != nil {
-		return fmt.Errorf("clone the working mount: %w", err)
+		return fmt.Errorf("the working mount: %w", err)
 	}
 	defer unix.Close(tree)
-	if v.readOnly {
-		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
-		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, attr); err != nil {
-			return fmt.Errorf("make the clone read-only: %w", err)
-		}
-	}
 	ns, err := os.Open(filepath.Join(proc, strconv.Itoa(v.pid), "ns", "mnt"))
 	if err != nil {
 		return err
