@@ -207,18 +207,33 @@ func (fs *FS) recoverOrphans(ctx context.Context) {
 			orphans = append(orphans, path)
 		}
 	}
+	found := len(orphans)
 	fs.bg.Add(1)
 	go func() {
 		defer fs.bg.Done()
 		defer close(fs.orphansDone)
 		defer fs.shareSpillDir()
 		delay := time.Second
+		var count [orphanOutcomes]int
+		defer func() {
+			if found == 0 {
+				return
+			}
+			// One line that sums up the repair's data, whatever each
+			// file's own line said.
+			fs.log.Info("files left open by a lost session: recovery ended",
+				"dir", fs.spillDir, "uploaded", count[orphanUploaded], "kept_in_lost_found", count[orphanKept],
+				"nothing_to_save", count[orphanNothingToSave], "left_in_place", count[orphanLeftInPlace]+len(orphans))
+		}()
 		for {
 			var again []string
 			for _, path := range orphans {
-				if err := fs.recoverOrphan(ctx, path); err != nil {
+				outcome, err := fs.recoverOrphan(ctx, path)
+				if err != nil {
 					again = append(again, path)
+					continue
 				}
+				count[outcome]++
 			}
 			if orphans = again; len(orphans) == 0 || ctx.Err() != nil {
 				return
@@ -235,21 +250,32 @@ func (fs *FS) recoverOrphans(ctx context.Context) {
 	}()
 }
 
+// orphanOutcome is what became of one orphan spill file.
+type orphanOutcome int
+
+const (
+	orphanUploaded      orphanOutcome = iota // its data is in the store
+	orphanKept                               // moved to lost+found
+	orphanNothingToSave                      // no unsaved data: removed
+	orphanLeftInPlace                        // could not be read or moved
+	orphanOutcomes
+)
+
 // recoverOrphan uploads one orphan spill file when the blob is as the dead
 // session left it, and otherwise moves it to lost+found. It returns an
 // error, and leaves the file in place, when the store could not be reached
 // (or the filesystem is closing): the upload is to be tried again.
-func (fs *FS) recoverOrphan(ctx context.Context, path string) error {
+func (fs *FS) recoverOrphan(ctx context.Context, path string) (orphanOutcome, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		fs.log.Warn("orphan spill file: cannot open it; left in place", "spill", path, "err", err)
-		return nil
+		return orphanLeftInPlace, nil
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
 		fs.log.Warn("orphan spill file: cannot stat it; left in place", "spill", path, "err", err)
-		return nil
+		return orphanLeftInPlace, nil
 	}
 	rec, ok := readSpillRecord(f)
 	switch {
@@ -257,18 +283,16 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) error {
 		// Made and never written: a record is set before the first
 		// WRITE into a spill file is answered.
 		os.Remove(path)
-		return nil
+		return orphanNothingToSave, nil
 	case !ok:
-		fs.keepOrphan(path, "", st.Size(), errors.New("it has no record of the blob it belongs to"))
-		return nil
+		return fs.keepOrphan(path, "", st.Size(), errors.New("it has no record of the blob it belongs to")), nil
 	case rec.Store != fs.opts.StoreID:
-		fs.keepOrphan(path, rec.Blob, st.Size(), fmt.Errorf("it was written for another store (%s), not this one (%s)", rec.Store, fs.opts.StoreID))
-		return nil
+		return fs.keepOrphan(path, rec.Blob, st.Size(), fmt.Errorf("it was written for another store (%s), not this one (%s)", rec.Store, fs.opts.StoreID)), nil
 	case !rec.Dirty:
 		// The store has its content (or the file was deleted).
 		os.Remove(path)
 		fs.log.Debug("orphan spill file held no unsaved data; removed", "spill", path, "blob", rec.Blob)
-		return nil
+		return orphanNothingToSave, nil
 	}
 	retry := func(err error) bool { return ctx.Err() != nil || blobstore.Retryable(err) }
 	opts := blobstore.PutOptions{Conditions: blobstore.Conditions{IfMatch: rec.IfMatch, IfNoneMatch: rec.IfNoneMatch}}
@@ -277,7 +301,7 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) error {
 		// the session's own commit would have.
 		a, err := fs.store.Stat(ctx, rec.Blob)
 		if err != nil && retry(err) {
-			return err
+			return 0, err
 		}
 		if err == nil && a.ETag == rec.IfMatch {
 			opts.Metadata = copyMeta(a.Metadata)
@@ -305,7 +329,7 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) error {
 		// lost: the condition then fails on our own data.
 		a, serr := fs.store.Stat(ctx, rec.Blob)
 		if serr != nil && retry(serr) {
-			return serr
+			return 0, serr
 		}
 		if serr == nil {
 			if v, ok := metaValue(a.Metadata, blobstore.MetaCommit); ok && v == rec.Nonce {
@@ -315,19 +339,18 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) error {
 		}
 	}
 	if err != nil && retry(err) {
-		return err
+		return 0, err
 	}
 	if err != nil {
-		fs.keepOrphan(path, rec.Blob, st.Size(), err)
-		return nil
+		return fs.keepOrphan(path, rec.Blob, st.Size(), err), nil
 	}
 	os.Remove(path)
 	fs.log.Info("uploaded a file left open by a lost session", "path", rec.Blob, "bytes", st.Size())
-	return nil
+	return orphanUploaded, nil
 }
 
 // keepOrphan moves an orphan spill file to lost+found and says why.
-func (fs *FS) keepOrphan(path, blob string, size int64, why error) {
+func (fs *FS) keepOrphan(path, blob string, size int64, why error) orphanOutcome {
 	name := blob
 	if name == "" {
 		name = filepath.Base(path)
@@ -335,8 +358,9 @@ func (fs *FS) keepOrphan(path, blob string, size int64, why error) {
 	dst := fs.lostFoundPath(name)
 	if err := os.Rename(path, dst); err != nil {
 		fs.log.Error("orphan spill file: cannot move it to lost+found; left in place", "spill", path, "path", blob, "err", err)
-		return
+		return orphanLeftInPlace
 	}
 	fs.log.Warn("a file left open by a lost session could not be uploaded; its data is kept in lost+found",
 		"path", blob, "kept", dst, "bytes", size, "reason", why)
+	return orphanKept
 }

@@ -193,6 +193,12 @@ func TestLostSessionSpillFilesRecovered(t *testing.T) {
 	if left := spillFiles(t, cache); len(left) != 0 {
 		t.Errorf("spill files left after recovery: %v", left)
 	}
+	// One line sums the recovery up, so that an operator reading the
+	// repair of a volume sees what became of its open files.
+	if !strings.Contains(logged.String(), "recovery ended") || !strings.Contains(logged.String(), "uploaded=4 kept_in_lost_found=1 ") ||
+		!strings.Contains(logged.String(), "left_in_place=0") {
+		t.Errorf("no summary line counts 4 files uploaded, 1 kept, none left:\n%s", logged)
+	}
 	if kept, _ := os.ReadDir(lostFound); len(kept) != 1 {
 		t.Errorf("lost+found holds %d files, want only the overtaken one", len(kept))
 	}
