@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 
 	"github.com/blobfs/blobfs/blobstore"
 )
@@ -124,6 +125,13 @@ func TestKubeletSequence(t *testing.T) {
 	}
 	if err := os.WriteFile(filepath.Join(targets[0], "logs/app.log"), data, 0o644); err != nil {
 		t.Fatalf("write through pod A: %v", err)
+	}
+	// Pod B shares pod A's mount, so the kernel may still hold the pages
+	// A wrote: drop them, so that the read reaches blobfs (the cache
+	// metrics below count it) and the data comes from the store.
+	if f, err := os.Open(filepath.Join(targets[1], "logs/app.log")); err == nil {
+		unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+		f.Close()
 	}
 	got, err := os.ReadFile(filepath.Join(targets[1], "logs/app.log"))
 	if err != nil || !bytes.Equal(got, data) {
