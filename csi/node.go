@@ -756,6 +756,11 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGetVolum
 		return nil, status.Errorf(codes.NotFound, "volume %q is not mounted at %q", req.GetVolumeId(), clip(req.GetVolumePath(), 200))
 	}
 	abnormal := func(msg string) *csipb.NodeGetVolumeStatsResponse {
+		if why := d.unhealthyReason(rec.VolumeID); why != "" {
+			// Why the health check has not mounted it again: what the
+			// operator reading the condition needs next.
+			msg += "; not mounted again yet: " + why
+		}
 		return &csipb.NodeGetVolumeStatsResponse{VolumeCondition: &csipb.VolumeCondition{Abnormal: true, Message: msg}}
 	}
 	mp, err := d.openMountPoint("volume_path", path, false)

@@ -308,6 +308,13 @@ func (d *Driver) markUnhealthy(volumeID, reason string) {
 	d.unhealthy[volumeID] = reason
 }
 
+// unhealthyReason is why the last repair of the volume failed, or "".
+func (d *Driver) unhealthyReason(volumeID string) string {
+	d.unhealthyMu.Lock()
+	defer d.unhealthyMu.Unlock()
+	return d.unhealthy[volumeID]
+}
+
 // reportRepairFailure reports whether a failed repair of the volume for
 // this reason is news (not said since the volume was last healthy): the
 // health check retries every interval, and says so once, not every time.
