@@ -109,6 +109,11 @@ func (fs *FS) newDirStream(dir string) *dirStream {
 	s.cond = sync.NewCond(&s.mu)
 	s.merger.prefix = s.prefix
 	s.items = append(s.items, dirItem{name: ".", entry: dirEntry{kind: kindDir}}, dirItem{name: "..", entry: dirEntry{kind: kindDir}})
+	// A walker descending: the tree below may come from one flat
+	// listing (treewalk.go).
+	fs.maybeStartWalk(dir)
+	fs.lists.awaitWalk(dir)
+	fs.lists.notePassed(dir)
 	if items, ok := fs.lists.snapshot(dir, s.items); ok {
 		s.items, s.done = items, true
 		return s

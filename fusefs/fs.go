@@ -104,7 +104,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		spillDir:      spillDir,
 		spills:        newSpillPool(spillDir),
 		blocks:        newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes, opts.MaxReadAheadBlocks),
-		lists:         newListCache(opts.ListTimeout, 1_000_000),
+		lists:         newListCache(opts.ListTimeout, 1_000_000, opts.WalkAhead),
 		uploadSlots:   make(chan struct{}, 2*opts.UploadConcurrency),
 		ctx:           ctx,
 		cancel:        cancel,

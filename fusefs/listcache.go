@@ -47,6 +47,15 @@ type listCache struct {
 	// it arrives (putFetched): its pages may have been read before or
 	// after any of them.
 	fetching map[string][]*listFetch
+	// walks are the tree walks in progress (treewalk.go), at most
+	// maxWalks; passed remembers when each directory was last read (by
+	// a pass or from the cache), which is what starts a walk, for
+	// walkWindow and bounded by maxLarge; cond is broadcast when a walk
+	// progresses or ends. walkAhead is Options.WalkAhead. Guarded by mu.
+	walks     []*treeWalk
+	passed    map[string]time.Time
+	cond      *sync.Cond
+	walkAhead int
 }
 
 // A listFetch is taken before a listing of a directory is fetched and
@@ -358,6 +367,17 @@ func (c *listCache) detachPassLocked(f *listFetch) {
 // recordLocked adds a change of name in dir to the listings of dir in
 // flight.
 func (c *listCache) recordLocked(dir string, ch listChange) {
+	for _, w := range slices.Clone(c.walks) {
+		if dir != w.root && !w.covers(dir) {
+			continue
+		}
+		if w.nchanges >= maxFetchChanges {
+			c.endWalkLocked(w)
+			continue
+		}
+		w.changes[dir] = append(w.changes[dir], ch)
+		w.nchanges++
+	}
 	for _, f := range c.fetching[dir] {
 		if len(f.changes) >= maxFetchChanges {
 			f.spoiled, f.changes = true, nil
@@ -371,6 +391,18 @@ func (c *listCache) recordLocked(dir string, ch listChange) {
 // spoilLocked marks the listings in flight of dir, and with tree of every
 // directory below it, as not to be cached.
 func (c *listCache) spoilLocked(dir string, tree bool) {
+	for _, w := range slices.Clone(c.walks) {
+		// A directory in the walked tree changed in a way that cannot
+		// be replayed onto its listing (removed, renamed): the walk
+		// leaves it out from now on. One at or above the walk's root:
+		// the walk ends.
+		switch {
+		case w.covers(dir):
+			w.skipLocked(dir)
+		case dir == w.root || tree && (dir == "" || strings.HasPrefix(w.root, dir+"/")):
+			c.endWalkLocked(w)
+		}
+	}
 	for d, fs := range c.fetching {
 		if d == dir || tree && (dir == "" || strings.HasPrefix(d, dir+"/")) {
 			for _, f := range fs {
@@ -459,6 +491,12 @@ type listing struct {
 	// subdirs counts the entries that are directories, plus one; 0 until
 	// asked for, and after a change.
 	subdirs int
+	// walk is the tree walk that built this listing; it keeps the
+	// listing fresh while it is in use (treeWalk.keepsFresh).
+	// prefetched is how many names the walk built it with, while no
+	// walker has used it yet (they count as ahead of the walker).
+	walk       *treeWalk
+	prefetched int
 }
 
 // dirEntry is what a listing says about one name.
@@ -472,9 +510,22 @@ type dirEntry struct {
 	attrs   posixAttrs
 }
 
-func newListCache(ttl time.Duration, maxEntries int) *listCache {
-	return &listCache{ttl: ttl, maxEntries: maxEntries, dirs: map[string]*listing{}, large: map[string]time.Time{}, missed: map[string]time.Time{},
-		fetching: map[string][]*listFetch{}}
+func newListCache(ttl time.Duration, maxEntries, walkAhead int) *listCache {
+	c := &listCache{ttl: ttl, maxEntries: maxEntries, dirs: map[string]*listing{}, large: map[string]time.Time{}, missed: map[string]time.Time{},
+		fetching: map[string][]*listFetch{}, passed: map[string]time.Time{}, walkAhead: walkAhead}
+	c.cond = sync.NewCond(&c.mu)
+	return c
+}
+
+// notePassed records that dir is being read: a walker that then opens one
+// of its first subdirectories starts a tree walk (maybeStartWalk).
+func (c *listCache) notePassed(dir string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.passed) >= maxLarge {
+		clear(c.passed)
+	}
+	c.passed[dir] = time.Now()
 }
 
 // put stores a complete listing of dir.
@@ -511,6 +562,7 @@ func (c *listCache) lookup(dir, name string) (e dirEntry, found, ok bool) {
 	if l == nil {
 		return dirEntry{}, false, false
 	}
+	c.usedLocked(l)
 	e, found = l.entries[name]
 	if found || l.complete {
 		return e, found, true
@@ -586,6 +638,7 @@ func (c *listCache) snapshot(dir string, items []dirItem) (_ []dirItem, ok bool)
 	if l == nil || !l.complete {
 		return items, false
 	}
+	c.usedLocked(l)
 	for _, name := range l.sortedLocked() {
 		items = append(items, dirItem{name: name, entry: l.entries[name]})
 	}
@@ -708,7 +761,8 @@ func (c *listCache) freshLocked(dir string) *listing {
 	if l == nil {
 		return nil
 	}
-	if now := time.Now(); now.After(l.expiry) && !l.fetching && !(l.refreshing && now.Before(l.expiry.Add(refreshGrace(c.ttl, l.took)))) {
+	if now := time.Now(); now.After(l.expiry) && !l.fetching && !(l.refreshing && now.Before(l.expiry.Add(refreshGrace(c.ttl, l.took)))) &&
+		!(l.walk != nil && l.walk.keepsFresh(now, c.ttl)) {
 		c.dropLocked(dir)
 		return nil
 	}
@@ -717,6 +771,10 @@ func (c *listCache) freshLocked(dir string) *listing {
 
 func (c *listCache) dropLocked(dir string) {
 	if l := c.dirs[dir]; l != nil {
+		if w := l.walk; w != nil && l.prefetched > 0 {
+			w.ahead -= l.prefetched
+			l.prefetched = 0
+		}
 		c.total -= len(l.entries)
 		delete(c.dirs, dir)
 	}

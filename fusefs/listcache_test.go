@@ -8,12 +8,15 @@ import (
 // TestListCacheRefreshAhead: a listing in the last quarter of its life is
 // claimed for a background refresh once; a fresh one is not.
 func TestListCacheRefreshAhead(t *testing.T) {
-	c := newListCache(200*time.Millisecond, 1000)
+	// The last quarter of a 2 s life starts at 1.5 s: the sleeps of
+	// 1.6 s leave 0.4 s for a loaded machine to oversleep (with 200 ms
+	// and 170 ms, a run under -race next to a CI run overslept 30 ms).
+	c := newListCache(2*time.Second, 1000, 0)
 	c.put("d", map[string]dirEntry{"a": {kind: kindFile}})
 	if c.claimRefresh("d") {
 		t.Fatal("a listing just taken was claimed for refresh")
 	}
-	time.Sleep(170 * time.Millisecond)
+	time.Sleep(1600 * time.Millisecond)
 	if !c.claimRefresh("d") {
 		t.Fatal("a listing near its end was not claimed for refresh")
 	}
@@ -31,7 +34,7 @@ func TestListCacheRefreshAhead(t *testing.T) {
 	// are replayed onto the listing fetched meanwhile.
 	c.put("w", map[string]dirEntry{})
 	c.set("w", "new", dirEntry{kind: kindFile})
-	time.Sleep(170 * time.Millisecond)
+	time.Sleep(1600 * time.Millisecond)
 	if !c.claimRefresh("w") {
 		t.Fatal("a directory being changed here was not claimed for refresh")
 	}
@@ -54,7 +57,7 @@ func TestListCacheGraceWhileRefreshing(t *testing.T) {
 			t.Errorf("refreshGrace(%v, %v) = %v, want %v", ttl, tt.took, got, tt.grace)
 		}
 	}
-	c := newListCache(ttl, 1000)
+	c := newListCache(ttl, 1000, 0)
 	start := time.Now()
 	for _, d := range []string{"refreshed", "idle"} {
 		fetch := c.beginFetch(d)
@@ -86,7 +89,7 @@ func TestListCacheGraceWhileRefreshing(t *testing.T) {
 // replayed (a directory renamed or removed above, an invalidation) keeps
 // the listing out of the cache.
 func TestListCacheChangesDuringFetch(t *testing.T) {
-	c := newListCache(time.Minute, 1000)
+	c := newListCache(time.Minute, 1000, 0)
 	fetch := c.beginFetch("d")
 	c.set("d", "new", dirEntry{kind: kindFile, size: 7})
 	c.remove("d", "gone")
@@ -147,7 +150,7 @@ func TestListCacheChangesDuringFetch(t *testing.T) {
 // TestListCacheSecondMiss: the first lookup that misses in a directory is
 // probed; another within the listing timeout lists the directory.
 func TestListCacheSecondMiss(t *testing.T) {
-	c := newListCache(100*time.Millisecond, 1000)
+	c := newListCache(100*time.Millisecond, 1000, 0)
 	if c.secondMiss("d") {
 		t.Fatal("first miss in d asked for a listing")
 	}

@@ -64,6 +64,11 @@ type Options struct {
 	// files are opened for reading one after another in name order.
 	// Default 16; negative disables it.
 	PrefetchFiles int
+	// WalkAhead is how many names a tree walk (treewalk.go: find, du,
+	// ls -R, a data loader's scan, answered from one flat listing of the
+	// walked tree) may list ahead of its walker. Default
+	// DefaultWalkAhead; negative disables tree walks.
+	WalkAhead int
 	// DirectReadMinBytes: a read-only open of a file at least this large
 	// bypasses the kernel's page cache (FOPEN_DIRECT_IO). Reads are then
 	// answered from the block cache straight into the reader's buffer:
@@ -147,6 +152,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.PrefetchFiles == 0 {
 		o.PrefetchFiles = defaultPrefetchFiles
+	}
+	if o.WalkAhead == 0 {
+		o.WalkAhead = DefaultWalkAhead
 	}
 	if o.ReadBlockSize < 64<<10 || o.ReadBlockSize > 256<<20 {
 		return o, fmt.Errorf("read block size %d out of range [64 KiB, 256 MiB]", o.ReadBlockSize)
