@@ -57,7 +57,7 @@ type treeWalk struct {
 	kick   chan struct{} // the walker opened a listing: a paused fetcher looks again
 
 	// Guarded by listCache.mu:
-	dirs      map[string]*walkDir     // directories being built, by path
+	dirs map[string]*walkDir // directories being built, by path
 	// putting are the directories completed and on their way into the
 	// cache (walkPage to putWalked): a walker waits for them.
 	putting   map[string]bool
