@@ -519,7 +519,7 @@ type mountSettings struct {
 // sense for one volume (not the store, the cache directory or logging,
 // which the driver owns), and the aliases mount(8) users know.
 var mountOptionNames = []string{
-	"block-cache-mb", "read-block-mb", "readahead-blocks", "prefetch-files",
+	"block-cache-mb", "read-block-mb", "readahead-blocks", "prefetch-files", "walk-ahead",
 	"upload-block-mb", "upload-concurrency", "attr-timeout", "entry-timeout", "negative-timeout",
 	"list-timeout", "read-only", "allow-other", "uid", "gid", "umask",
 	"fuse-readers", "retry-attempts", "retry-max-delay", "debug-fuse",
@@ -642,6 +642,13 @@ func parseMountOptions(opts []string, field string) (mountSettings, error) {
 			s.FS.PrefetchFiles = int(n)
 			if n == 0 {
 				s.FS.PrefetchFiles = -1 // 0 disables, as for blobfs mount
+			}
+		case "walk-ahead":
+			var n int64
+			n, err = intVal(0, 10_000_000)
+			s.FS.WalkAhead = int(n)
+			if n == 0 {
+				s.FS.WalkAhead = -1 // 0 disables, as for blobfs mount
 			}
 		case "fuse-readers":
 			var n int64

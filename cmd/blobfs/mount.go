@@ -74,6 +74,7 @@ func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.IntVar(&c.fs.UploadConcurrency, "upload-concurrency", 16, "blocks uploaded in parallel per file (twice as many in flight over all files being written)")
 	fl.IntVar(&c.fs.MaxReadAheadBlocks, "readahead-blocks", 0, "read-ahead fetches in flight, in blocks; the window ahead of a sequential reader is twice that, at most 3/4 of the cache (default: half of the cache, at most 32)")
 	fl.IntVar(&c.fs.PrefetchFiles, "prefetch-files", 16, "small files fetched ahead when a directory's files are read one after another in name order (0 disables)")
+	fl.IntVar(&c.fs.WalkAhead, "walk-ahead", fusefs.DefaultWalkAhead, "names a directory walk (find, du, ls -R) may list ahead of the walker from one flat listing of the tree (0 disables)")
 	fl.DurationVar(&c.fs.AttrTimeout, "attr-timeout", time.Second, "how long file attributes are cached (0 disables)")
 	fl.DurationVar(&c.fs.EntryTimeout, "entry-timeout", time.Second, "how long name lookups are cached (0 disables)")
 	fl.DurationVar(&c.fs.NegativeTimeout, "negative-timeout", time.Second, "how long a missing name is remembered (0 disables)")
@@ -158,6 +159,8 @@ func (c *mountConfig) checkFlags(fl *pflag.FlagSet) error {
 		return fmt.Errorf("--readahead-blocks %d: must not be negative (0 chooses from the cache size)", c.fs.MaxReadAheadBlocks)
 	case c.fs.PrefetchFiles < 0:
 		return fmt.Errorf("--prefetch-files %d: must not be negative (0 disables)", c.fs.PrefetchFiles)
+	case c.fs.WalkAhead < 0 || c.fs.WalkAhead > 10_000_000:
+		return fmt.Errorf("--walk-ahead %d: must be between 0 (disabled) and 10000000 names", c.fs.WalkAhead)
 	case c.umask > 0o777:
 		return fmt.Errorf("--umask %#o: must be within 0777", c.umask)
 	case c.fileMode > 0o7777:
@@ -348,6 +351,9 @@ func (c *mountConfig) fsOptions(logger *slog.Logger) (fusefs.Options, error) {
 	o.StoreID = c.storeID()
 	if o.PrefetchFiles <= 0 {
 		o.PrefetchFiles = -1 // the flag's 0 means "disabled"; Options' 0 means default
+	}
+	if o.WalkAhead <= 0 {
+		o.WalkAhead = -1 // the same
 	}
 	for _, t := range []*time.Duration{&o.AttrTimeout, &o.EntryTimeout, &o.NegativeTimeout, &o.ListTimeout} {
 		if *t == 0 {
