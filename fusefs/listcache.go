@@ -667,7 +667,10 @@ func (c *listCache) claimRefresh(dir string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
-	if l == nil || !l.complete || l.pass != nil || l.refreshing || time.Until(l.expiry) > c.ttl/4 {
+	if l == nil || !l.complete || l.pass != nil || l.refreshing || time.Until(l.expiry) > c.ttl/4 ||
+		l.walk != nil && l.walk.keepsFresh(time.Now(), c.ttl) {
+		// A walk keeps it as one listing in progress: listing the
+		// directory again would only compete with the walk's pages.
 		return false
 	}
 	l.refreshing = true

@@ -146,13 +146,19 @@ func (w *treeWalk) covers(dir string) bool {
 }
 
 // hedge is how long a walker waits for the walk to reach a directory it has
-// not reached yet before listing it on its own: two of the walk's pages.
+// not reached yet before listing it on its own: two of the walk's pages,
+// and before the first page lands, as long as the most that can be: the
+// first page costs what the directory's own listing would (one request),
+// and on a store that serves one request at a time (Azurite) listing it
+// meanwhile would slow both down.
 func (w *treeWalk) hedge() time.Duration {
 	if w.pages == 0 {
-		return time.Second
+		return maxHedge
 	}
-	return min(max(2*w.pageTime/time.Duration(w.pages), 200*time.Millisecond), 3*time.Second)
+	return min(max(2*w.pageTime/time.Duration(w.pages), 200*time.Millisecond), maxHedge)
 }
+
+const maxHedge = 3 * time.Second
 
 // maybeStartWalk is called when a pass over dir begins. It starts a walk
 // of dir's parent when dir is one of the parent's first two subdirectories
