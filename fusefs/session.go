@@ -266,9 +266,15 @@ func newSession(mp string, fd int, fs fuse.RawFileSystem, opts MountOptions) (*S
 	s.server = fuse.NewProtocolServer(fs, &fuse.MountOptions{
 		MaxWrite:      opts.MaxWrite,
 		MaxBackground: 64,
-		// Lets a file opened with FOPEN_DIRECT_IO be mapped shared
-		// (see Options.DirectReadMinBytes); granted by Linux >= 6.6.
-		ExtraCapabilities: fuse.CAP_DIRECT_IO_ALLOW_MMAP,
+		// DIRECT_IO_ALLOW_MMAP lets a file opened with FOPEN_DIRECT_IO
+		// be mapped shared (see Options.DirectReadMinBytes); granted
+		// by Linux >= 6.6. READDIRPLUS_AUTO (libfuse's default) has the
+		// kernel send READDIRPLUS for a directory's first getdents and
+		// after lookups in it (ls -l), READDIR otherwise: each entry of
+		// a READDIRPLUS is a node here and an inode in the kernel
+		// (about 340 bytes here), which `ls -f` and find, that need
+		// names only, should not cost for every name of a large tree.
+		ExtraCapabilities: fuse.CAP_DIRECT_IO_ALLOW_MMAP | fuse.CAP_READDIRPLUS_AUTO,
 		Debug:             opts.Debug,
 		Logger:            log.New(logWriter{opts.Logger}, "", 0),
 	})
