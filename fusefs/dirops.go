@@ -15,15 +15,15 @@ import (
 // dirItem is one name of a directory pass or listing.
 type dirItem struct {
 	name  string
-	entry dirEntry
+	entry *dirEntry
 }
 
 // pageEntries merges one listing page into a map of entries. With more
 // pages to come it also returns the merger, which says where the listing
 // stands (last) and holds the blobs whose prefix may still come: they are
 // left out, so that a name is never shown with the wrong kind.
-func pageEntries(prefix string, page blobstore.ListPage) (map[string]dirEntry, *pageMerger) {
-	entries := map[string]dirEntry{}
+func pageEntries(prefix string, page blobstore.ListPage) (map[string]*dirEntry, *pageMerger) {
+	entries := map[string]*dirEntry{}
 	emit := func(it dirItem) { entries[it.name] = it.entry }
 	m := &pageMerger{prefix: prefix}
 	m.add(page, emit)
@@ -97,7 +97,7 @@ func (fs *FS) refreshListing(dirPath string) {
 
 // mergeLocal adds the children of dirPath that exist only here: files
 // created and not committed yet.
-func (fs *FS) mergeLocal(dirPath string, entries map[string]dirEntry) {
+func (fs *FS) mergeLocal(dirPath string, entries map[string]*dirEntry) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	var dirNode *node
@@ -120,13 +120,13 @@ func (fs *FS) mergeLocal(dirPath string, entries map[string]dirEntry) {
 			continue
 		}
 		if _, ok := entries[k.name]; !ok {
-			entries[k.name] = dirEntry{kind: n.kind, size: n.size, mtime: n.mtime, pending: true, attrs: n.attrs}
+			entries[k.name] = &dirEntry{kind: n.kind, size: n.size, mtime: n.mtime, pending: true, attrs: n.attrs}
 		}
 	}
 }
 
-func copyEntries(m map[string]dirEntry) map[string]dirEntry {
-	out := make(map[string]dirEntry, len(m))
+func copyEntries(m map[string]*dirEntry) map[string]*dirEntry {
+	out := make(map[string]*dirEntry, len(m))
 	for k, v := range m {
 		out[k] = v
 	}
@@ -245,7 +245,7 @@ func (fs *FS) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntry
 		}
 		n := fs.nodes.bind(h.n.id, it.name, it.entry.kind)
 		if !(n.file != nil && n.file.hasSpill.Load()) && !it.entry.pending {
-			fs.applyEntryLocked(n, it.entry)
+			fs.applyEntryLocked(n, *it.entry)
 		}
 		fs.nodes.ref(n)
 		fs.fillEntry(n, e)
@@ -272,7 +272,7 @@ func (fs *FS) FsyncDir(_ <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
 }
 
 // sortedKeys returns m's keys in order.
-func sortedKeys(m map[string]dirEntry) []string {
+func sortedKeys(m map[string]*dirEntry) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)

@@ -79,7 +79,7 @@ type listFetch struct {
 // listChange is one change to a name: set to e, or removed.
 type listChange struct {
 	name    string
-	e       dirEntry
+	e       *dirEntry
 	removed bool
 }
 
@@ -121,7 +121,7 @@ func (c *listCache) endFetchLocked(f *listFetch) {
 // beginFetch returned f, this mount's changes to the directory since then,
 // and stores a copy of the result. It reports whether the copy was kept:
 // not when a change could not be replayed (entries then lack it).
-func (c *listCache) putFetched(entries map[string]dirEntry, f *listFetch) bool {
+func (c *listCache) putFetched(entries map[string]*dirEntry, f *listFetch) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.endFetchLocked(f)
@@ -144,7 +144,7 @@ func (c *listCache) putFetched(entries map[string]dirEntry, f *listFetch) bool {
 // while it is fresh goes on from it (start: where the listing continues).
 // It never replaces a listing a pass is feeding, nor a complete one still
 // fresh.
-func (c *listCache) putPartialFetched(entries map[string]dirEntry, start *passStart, f *listFetch) bool {
+func (c *listCache) putPartialFetched(entries map[string]*dirEntry, start *passStart, f *listFetch) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.endFetchLocked(f)
@@ -208,7 +208,7 @@ func (c *listCache) startPass(dir string) (f *listFetch, start *passStart) {
 		start.merger.held = slices.Clone(start.merger.held)
 	} else {
 		c.dropLocked(dir)
-		l = &listing{entries: map[string]dirEntry{}}
+		l = &listing{entries: map[string]*dirEntry{}}
 		c.dirs[dir] = l
 	}
 	l.pass, l.expiry = f, time.Now().Add(c.ttl)
@@ -285,7 +285,7 @@ func (c *listCache) passPage(f *listFetch, items []dirItem, last string) {
 // passListed completes f's listing: the store's listing ended, and local
 // holds the names that exist only here (mergeLocal). The listing stays
 // with the pass until endPass.
-func (c *listCache) passListed(f *listFetch, local map[string]dirEntry) {
+func (c *listCache) passListed(f *listFetch, local map[string]*dirEntry) {
 	if f == nil {
 		return
 	}
@@ -472,7 +472,7 @@ type listing struct {
 	expiry     time.Time
 	refreshing bool          // a refresh was started (claimRefresh)
 	took       time.Duration // how long fetching this listing took
-	entries    map[string]dirEntry
+	entries    map[string]*dirEntry
 	// complete: entries are the whole directory. Otherwise last is the
 	// last key the listing's pages reached, relative to the directory (a
 	// subdirectory's ends in "/"), and entries are the names up to it
@@ -529,7 +529,7 @@ func (c *listCache) notePassed(dir string) {
 }
 
 // put stores a complete listing of dir.
-func (c *listCache) put(dir string, entries map[string]dirEntry) {
+func (c *listCache) put(dir string, entries map[string]*dirEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.putLocked(dir, entries, 0, "")
@@ -537,7 +537,7 @@ func (c *listCache) put(dir string, entries map[string]dirEntry) {
 
 // putLocked stores a listing that took took to fetch, complete when last
 // is "" and partial up to last otherwise, and reports whether it was kept.
-func (c *listCache) putLocked(dir string, entries map[string]dirEntry, took time.Duration, last string) bool {
+func (c *listCache) putLocked(dir string, entries map[string]*dirEntry, took time.Duration, last string) bool {
 	if c.ttl <= 0 {
 		return false
 	}
@@ -563,7 +563,9 @@ func (c *listCache) lookup(dir, name string) (e dirEntry, found, ok bool) {
 		return dirEntry{}, false, false
 	}
 	c.usedLocked(l)
-	e, found = l.entries[name]
+	if p := l.entries[name]; p != nil {
+		e, found = *p, true
+	}
 	if found || l.complete {
 		return e, found, true
 	}
@@ -716,13 +718,14 @@ func (c *listCache) following(dir, name string, max int) []dirItem {
 func (c *listCache) set(dir, name string, e dirEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.recordLocked(dir, listChange{name: name, e: e})
+	p := &e // shared, never changed: a change replaces it
+	c.recordLocked(dir, listChange{name: name, e: p})
 	if l := c.dirs[dir]; l != nil {
 		if _, had := l.entries[name]; !had {
 			c.total++
 			l.sorted, l.subdirs = nil, 0
 		}
-		l.entries[name] = e
+		l.entries[name] = p
 	}
 }
 

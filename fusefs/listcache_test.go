@@ -12,7 +12,7 @@ func TestListCacheRefreshAhead(t *testing.T) {
 	// 1.6 s leave 0.4 s for a loaded machine to oversleep (with 200 ms
 	// and 170 ms, a run under -race next to a CI run overslept 30 ms).
 	c := newListCache(2*time.Second, 1000, 0)
-	c.put("d", map[string]dirEntry{"a": {kind: kindFile}})
+	c.put("d", map[string]*dirEntry{"a": {kind: kindFile}})
 	if c.claimRefresh("d") {
 		t.Fatal("a listing just taken was claimed for refresh")
 	}
@@ -23,7 +23,7 @@ func TestListCacheRefreshAhead(t *testing.T) {
 	if c.claimRefresh("d") {
 		t.Fatal("claimed for refresh twice")
 	}
-	c.put("d", map[string]dirEntry{"a": {kind: kindFile}})
+	c.put("d", map[string]*dirEntry{"a": {kind: kindFile}})
 	if c.claimRefresh("d") {
 		t.Fatal("the refreshed listing was claimed at once")
 	}
@@ -32,7 +32,7 @@ func TestListCacheRefreshAhead(t *testing.T) {
 	}
 	// A directory this mount is changing is refreshed too: its changes
 	// are replayed onto the listing fetched meanwhile.
-	c.put("w", map[string]dirEntry{})
+	c.put("w", map[string]*dirEntry{})
 	c.set("w", "new", dirEntry{kind: kindFile})
 	time.Sleep(1600 * time.Millisecond)
 	if !c.claimRefresh("w") {
@@ -62,7 +62,7 @@ func TestListCacheGraceWhileRefreshing(t *testing.T) {
 	for _, d := range []string{"refreshed", "idle"} {
 		fetch := c.beginFetch(d)
 		fetch.start = fetch.start.Add(-100 * time.Millisecond) // a fetch of 100 ms
-		if !c.putFetched(map[string]dirEntry{"a": {kind: kindFile}}, fetch) {
+		if !c.putFetched(map[string]*dirEntry{"a": {kind: kindFile}}, fetch) {
 			t.Fatal("listing not stored")
 		}
 	}
@@ -98,7 +98,7 @@ func TestListCacheChangesDuringFetch(t *testing.T) {
 	c.set("elsewhere", "x", dirEntry{kind: kindFile})
 	// The store's listing saw "gone" but not "new"; "old" is another
 	// writer's, and "again" was created and removed meanwhile.
-	fetched := map[string]dirEntry{"old": {kind: kindFile}, "gone": {kind: kindFile}, "again": {kind: kindFile}}
+	fetched := map[string]*dirEntry{"old": {kind: kindFile}, "gone": {kind: kindFile}, "again": {kind: kindFile}}
 	if !c.putFetched(fetched, fetch) {
 		t.Fatal("a listing fetched while this mount changed its directory was not cached")
 	}
@@ -129,7 +129,7 @@ func TestListCacheChangesDuringFetch(t *testing.T) {
 	} {
 		fetch := c.beginFetch("p/d")
 		change.do()
-		if c.putFetched(map[string]dirEntry{"old": {kind: kindFile}}, fetch) {
+		if c.putFetched(map[string]*dirEntry{"old": {kind: kindFile}}, fetch) {
 			t.Errorf("%s: a listing taken before the change was cached", change.name)
 		}
 		if _, _, ok := c.lookup("p/d", "old"); ok {
@@ -138,7 +138,7 @@ func TestListCacheChangesDuringFetch(t *testing.T) {
 	}
 	fetch = c.beginFetch("p/d")
 	c.invalidateTree("p/dd") // a sibling whose name starts the same
-	if !c.putFetched(map[string]dirEntry{}, fetch) {
+	if !c.putFetched(map[string]*dirEntry{}, fetch) {
 		t.Error("a change to a sibling kept the listing out")
 	}
 	c.endFetch(c.beginFetch("p/d")) // a fetch that brought no listing

@@ -111,7 +111,7 @@ func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.
 	e := dirEntry{kind: kindDir, mtime: a.ModTime, attrs: attrs}
 	fs.newChild(dir, dirPath, name, e, out, intent)
 	// The new directory is known to be empty: lookups in it need no request.
-	fs.lists.put(path, map[string]dirEntry{})
+	fs.lists.put(path, map[string]*dirEntry{})
 	fs.crashPoint("mkdir", "reply", name)
 	return fuse.OK
 }

@@ -114,7 +114,7 @@ func (w *treeWalk) skipped(name string) bool {
 // walkDir is a directory the walk is building.
 type walkDir struct {
 	path    string
-	entries map[string]dirEntry
+	entries map[string]*dirEntry
 	// entered: a name below it was listed, so it is complete once the
 	// listing leaves its prefix. A directory known only from its marker
 	// blob is complete once the listing has gone past where its names
@@ -200,7 +200,7 @@ func (fs *FS) maybeStartWalk(dir string) {
 		w.prefix = parent + "/"
 	}
 	w.ctx, w.cancel = context.WithCancel(fs.ctx)
-	w.dirs[parent] = &walkDir{path: parent, entries: map[string]dirEntry{}, entered: true}
+	w.dirs[parent] = &walkDir{path: parent, entries: map[string]*dirEntry{}, entered: true}
 	l.walk = w // the parent's listing stays fresh while the walk is in use
 	c.walks = append(c.walks, w)
 	fs.bg.Add(1)
@@ -349,14 +349,12 @@ func (w *treeWalk) addBlobLocked(b blobstore.Attrs, done []*walkDir) []*walkDir 
 			// A directory on the name's path; a blob of the same
 			// name listed before is that directory (its marker,
 			// or a file that is both, shown as a directory).
-			e := dirEntry{kind: kindDir}
-			if had && old.kind == kindDir {
-				e = old
+			if !had || old.kind != kindDir {
+				d.entries[p] = &dirEntry{kind: kindDir}
 			}
-			d.entries[p] = e
 			cd := w.dirs[child]
 			if cd == nil {
-				cd = &walkDir{path: child, entries: map[string]dirEntry{}}
+				cd = &walkDir{path: child, entries: map[string]*dirEntry{}}
 				w.dirs[child] = cd
 			}
 			cd.entered = true
@@ -367,9 +365,9 @@ func (w *treeWalk) addBlobLocked(b blobstore.Attrs, done []*walkDir) []*walkDir 
 		if had && old.kind == kindDir {
 			continue // its names were listed already
 		}
-		d.entries[p] = e
+		d.entries[p] = &e
 		if e.kind == kindDir && w.dirs[child] == nil {
-			w.dirs[child] = &walkDir{path: child, entries: map[string]dirEntry{}}
+			w.dirs[child] = &walkDir{path: child, entries: map[string]*dirEntry{}}
 		}
 	}
 	return done
