@@ -72,7 +72,7 @@ type dirStream struct {
 	cond *sync.Cond // broadcast when items grow, or the listing ends or fails
 	// items are the pass's entries in order, only ever appended: a reader
 	// may keep a slice of them without mu.
-	items []dirItem
+	items  []dirItem
 	merger pageMerger
 	marker string // where the next page starts
 	pages  int    // pages fetched
