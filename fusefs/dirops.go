@@ -84,6 +84,25 @@ func (fs *FS) keepListing(dirPath, prefix string, page blobstore.ListPage, fetch
 	return fs.lists.putFetched(entries, fetch)
 }
 
+// listSweepInterval is how often expired listings are dropped.
+const listSweepInterval = 5 * time.Second
+
+// sweepListings drops expired listings every listSweepInterval until the
+// filesystem closes.
+func (fs *FS) sweepListings() {
+	defer fs.bg.Done()
+	t := time.NewTicker(listSweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-fs.ctx.Done():
+			return
+		case <-t.C:
+			fs.lists.sweep()
+		}
+	}
+}
+
 // refreshListing lists dirPath again in the background (claimRefresh).
 func (fs *FS) refreshListing(dirPath string) {
 	fs.bg.Add(1)

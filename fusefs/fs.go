@@ -123,6 +123,8 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 	// After the restore, which says which spill files are still in use;
 	// before serving, which makes new ones.
 	fs.recoverOrphans(ctx)
+	fs.bg.Add(1)
+	go fs.sweepListings()
 	return fs, nil
 }
 
@@ -808,6 +810,7 @@ func (fs *FS) Tmpfile(_ <-chan struct{}, in *fuse.CreateIn, out *fuse.CreateOut)
 func (fs *FS) Close() {
 	fs.cancel()
 	fs.bg.Wait()
+	fs.lists.clear()
 	fs.blocks.close()
 	fs.spills.close()
 	if fs.spillLock != nil {

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -243,9 +244,9 @@ func (c *listCache) passPage(f *listFetch, items []dirItem, last string) {
 	if l == nil {
 		return
 	}
-	for c.total+len(items) > c.maxEntries && c.evictOldestLocked(l) {
+	for !c.roomLocked(len(items)) && c.evictOldestLocked(l) {
 	}
-	if c.total+len(items) > c.maxEntries {
+	if !c.roomLocked(len(items)) {
 		c.dropLocked(f.dir) // too large to cache; the pass goes on
 		c.detachPassLocked(f)
 		return
@@ -256,7 +257,7 @@ func (c *listCache) passPage(f *listFetch, items []dirItem, last string) {
 	}
 	for _, it := range items {
 		if _, had := l.entries[it.name]; !had {
-			c.total++
+			c.countLocked(1)
 		}
 		l.entries[it.name] = it.entry
 		if names != nil {
@@ -270,7 +271,7 @@ func (c *listCache) passPage(f *listFetch, items []dirItem, last string) {
 		if ch.removed {
 			if _, had := l.entries[ch.name]; had {
 				delete(l.entries, ch.name)
-				c.total--
+				c.countLocked(-1)
 			}
 		} else {
 			l.entries[ch.name] = ch.e
@@ -298,7 +299,7 @@ func (c *listCache) passListed(f *listFetch, local map[string]*dirEntry) {
 	for name, e := range local {
 		if _, ok := l.entries[name]; !ok {
 			l.entries[name] = e
-			c.total++
+			c.countLocked(1)
 		}
 	}
 	l.complete, l.last, l.fetching = true, "", false
@@ -528,6 +529,70 @@ func (c *listCache) notePassed(dir string) {
 	c.passed[dir] = time.Now()
 }
 
+// ListCacheEntryBytes is what one name of a cached listing costs, on
+// average, for the budget (SetListCacheBytes): its entry, shared with a
+// directory pass that lists it, and its map slot (a directory of 1,000,000
+// names being listed took 241 bytes an entry in all, pass included:
+// blobfs-dirbench -per-entry).
+const ListCacheEntryBytes = 200
+
+// DefaultListCacheBytes is the budget of every listing cache of a process
+// together, when SetListCacheBytes is not called: 1,000,000 names of 70
+// bytes or less.
+const DefaultListCacheBytes = 256 << 20
+
+// listBudget is the memory budget shared by the listing caches of every
+// mount of the process (the CSI driver serves all the mounts of a node in
+// one), counted in names; a cache over it drops its oldest listings.
+var listBudget = struct {
+	used, limit atomic.Int64
+}{}
+
+func init() { listBudget.limit.Store(DefaultListCacheBytes / ListCacheEntryBytes) }
+
+// SetListCacheBytes sets the budget of every listing cache of the process
+// together, in bytes (ListCacheEntryBytes a name).
+func SetListCacheBytes(n int64) { listBudget.limit.Store(max(n/ListCacheEntryBytes, 1)) }
+
+// ListCacheNames returns how many names the listing caches of the process
+// hold, and how many their budget allows.
+func ListCacheNames() (held, limit int64) { return listBudget.used.Load(), listBudget.limit.Load() }
+
+// roomLocked reports whether n more names fit both this cache's own bound
+// and the process's budget.
+func (c *listCache) roomLocked(n int) bool {
+	return c.total+n <= c.maxEntries && listBudget.used.Load()+int64(n) <= listBudget.limit.Load()
+}
+
+// countLocked records n names more (or fewer) in this cache.
+func (c *listCache) countLocked(n int) {
+	c.total += n
+	listBudget.used.Add(int64(n))
+}
+
+// sweep drops the listings that have expired: a mount nobody uses would
+// otherwise keep them, and their part of the process's budget, until its
+// next lookup.
+func (c *listCache) sweep() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for dir := range c.dirs {
+		c.freshLocked(dir)
+	}
+}
+
+// clear drops every listing: the filesystem is closing.
+func (c *listCache) clear() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, w := range slices.Clone(c.walks) {
+		c.endWalkLocked(w)
+	}
+	for dir := range c.dirs {
+		c.dropLocked(dir)
+	}
+}
+
 // put stores a complete listing of dir.
 func (c *listCache) put(dir string, entries map[string]*dirEntry) {
 	c.mu.Lock()
@@ -542,13 +607,13 @@ func (c *listCache) putLocked(dir string, entries map[string]*dirEntry, took tim
 		return false
 	}
 	c.dropLocked(dir)
-	for c.total+len(entries) > c.maxEntries && c.evictOldestLocked(nil) {
+	for !c.roomLocked(len(entries)) && c.evictOldestLocked(nil) {
 	}
-	if len(entries) > c.maxEntries {
+	if !c.roomLocked(len(entries)) {
 		return false
 	}
 	c.dirs[dir] = &listing{expiry: time.Now().Add(c.ttl), entries: entries, took: took, complete: last == "", last: last}
-	c.total += len(entries)
+	c.countLocked(len(entries))
 	return true
 }
 
@@ -722,7 +787,7 @@ func (c *listCache) set(dir, name string, e dirEntry) {
 	c.recordLocked(dir, listChange{name: name, e: p})
 	if l := c.dirs[dir]; l != nil {
 		if _, had := l.entries[name]; !had {
-			c.total++
+			c.countLocked(1)
 			l.sorted, l.subdirs = nil, 0
 		}
 		l.entries[name] = p
@@ -737,7 +802,7 @@ func (c *listCache) remove(dir, name string) {
 	if l := c.dirs[dir]; l != nil {
 		if _, had := l.entries[name]; had {
 			delete(l.entries, name)
-			c.total--
+			c.countLocked(-1)
 			l.sorted, l.subdirs = nil, 0
 		}
 	}
@@ -781,7 +846,7 @@ func (c *listCache) dropLocked(dir string) {
 			w.ahead -= l.prefetched
 			l.prefetched = 0
 		}
-		c.total -= len(l.entries)
+		c.countLocked(-len(l.entries))
 		delete(c.dirs, dir)
 	}
 }

@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -166,5 +167,54 @@ func TestListCacheSecondMiss(t *testing.T) {
 	time.Sleep(150 * time.Millisecond)
 	if c.secondMiss("e") {
 		t.Fatal("a miss after the listing timeout counted as a second one")
+	}
+}
+
+// TestListCacheBudgetSharedByMounts: the listing caches of a process share
+// one budget. A cache over it drops its own oldest listings; one that has
+// none to drop keeps no listing until another's expire and are swept; a
+// closed filesystem gives its part back.
+func TestListCacheBudgetSharedByMounts(t *testing.T) {
+	held, limit := ListCacheNames()
+	t.Cleanup(func() { SetListCacheBytes(limit * ListCacheEntryBytes) })
+	SetListCacheBytes((held + 50) * ListCacheEntryBytes) // room for 50 more names
+	names := func(prefix string, n int) map[string]*dirEntry {
+		m := map[string]*dirEntry{}
+		for i := range n {
+			m[fmt.Sprintf("%s%03d", prefix, i)] = &dirEntry{kind: kindFile}
+		}
+		return m
+	}
+	const ttl = 300 * time.Millisecond
+	a, b := newListCache(ttl, 1000, 0), newListCache(ttl, 1000, 0)
+	a.put("one", names("a", 30))
+	a.put("two", names("b", 15))
+	if h, _ := ListCacheNames(); h != held+45 {
+		t.Fatalf("%d names held, want %d", h, held+45)
+	}
+	// b has nothing of its own to drop: its listing is not kept.
+	b.put("big", names("c", 20))
+	if _, _, ok := b.lookup("big", "c000"); ok {
+		t.Fatal("a listing over the process's budget was kept")
+	}
+	// a drops its own oldest to make room.
+	a.put("three", names("d", 20))
+	if _, _, ok := a.lookup("one", "a000"); ok {
+		t.Error("the oldest listing was kept over the budget")
+	}
+	if _, _, ok := a.lookup("three", "d000"); !ok {
+		t.Error("the newest listing was not kept")
+	}
+	// a's listings expire and are swept: b's fits.
+	time.Sleep(ttl + 50*time.Millisecond)
+	a.sweep()
+	b.put("big", names("c", 20))
+	if _, _, ok := b.lookup("big", "c000"); !ok {
+		t.Error("no room after the other cache's listings expired")
+	}
+	b.clear()
+	a.clear()
+	if h, _ := ListCacheNames(); h != held {
+		t.Errorf("%d names held after both closed, want %d", h, held)
 	}
 }

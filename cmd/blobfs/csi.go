@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/blobfs/blobfs/csi"
+	"github.com/blobfs/blobfs/fusefs"
 )
 
 // csiFlags are the flags of `blobfs csi`; keep the table in
@@ -19,6 +20,8 @@ type csiFlags struct {
 	kubeconfig string
 	// restartInPlace: supervise the driver as a child (csirestart.go).
 	restartInPlace bool
+	// listCacheMB is the budget of every volume's listing cache together.
+	listCacheMB int64
 }
 
 func registerCSIFlags(fl *pflag.FlagSet, f *csiFlags) {
@@ -39,6 +42,7 @@ func registerCSIFlags(fl *pflag.FlagSet, f *csiFlags) {
 	fl.StringVar(&f.cfg.CacheDir, "cache-dir", csi.DefaultCacheDir, "spill files of files being written, one subdirectory per volume; on the node's disk")
 	fl.StringVar(&f.cfg.MetricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, e.g. :9809 (default: off)")
 	fl.StringVar(&f.cfg.KeeperSocket, "keeper-socket", "", "socket of a blobfs keeper that holds the mounts across restarts of this driver (default: none; mounts die with the driver and are mounted again at start-up)")
+	fl.Int64Var(&f.listCacheMB, "list-cache-mb", fusefs.DefaultListCacheBytes>>20, "memory for cached directory listings of every volume of the node together, MiB (about 200 bytes a name); the oldest are dropped first")
 	fl.DurationVar(&f.cfg.HealthInterval, "health-interval", 30*time.Second, "how often the node checks its mounts and repairs dead ones (0 disables)")
 	f.log.register(fl)
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "read Secrets (secretName) through this kubeconfig instead of the pod's service account: for a driver run outside a pod")
@@ -57,6 +61,10 @@ func runCSI(f csiFlags) error {
 	default:
 		return usageError{fmt.Errorf("--mode %q: use controller, node or all", f.mode)}
 	}
+	if f.listCacheMB < 1 || f.listCacheMB > 1<<20 {
+		return usageError{fmt.Errorf("--list-cache-mb %d: must be between 1 and 1048576 (MiB)", f.listCacheMB)}
+	}
+	fusefs.SetListCacheBytes(f.listCacheMB << 20)
 	if f.cfg.HealthInterval == 0 {
 		f.cfg.HealthInterval = -1 // the flag's 0 disables; Config's 0 means default
 	}

@@ -228,6 +228,8 @@ func TestPreMountValidation(t *testing.T) {
 		{"local dir and endpoint", []string{"--local-dir", "/tmp", "--endpoint", "http://127.0.0.1:1/a"}, nil, 2, "--local-dir and --endpoint", nil},
 		{"unknown flag", []string{"--no-such-flag"}, nil, 2, "see blobfs mount --help", nil},
 		{"upload block 0", []string{"--upload-block-mb", "0"}, nil, 2, "--upload-block-mb 0: must be between 1 and 4000 (mib", nil},
+		{"list cache 0", []string{"--list-cache-mb", "0"}, nil, 2, "--list-cache-mb 0: must be between 1 and 1048576 (mib", nil},
+		{"walk ahead negative", []string{"--walk-ahead", "-1"}, nil, 2, "--walk-ahead -1: must be between 0 (disabled)", nil},
 		{"cache below two blocks", []string{"--block-cache-mb", "4"}, nil, 2, "--block-cache-mb 4: must hold at least two read blocks of --read-block-mb 8, so 16 mib", nil},
 		{"umask not octal", []string{"--umask", "9"}, nil, 2, "not an octal number", nil},
 		{"negative timeout", []string{"--attr-timeout", "-1s"}, nil, 2, "--attr-timeout -1s: must not be negative", nil},

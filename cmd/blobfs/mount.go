@@ -35,6 +35,7 @@ type mountConfig struct {
 	retry     blobstore.RetryPolicy
 	fs        fusefs.Options
 	cacheMB   int64
+	listMB    int64
 	readMB    int64
 	uploadMB  int64
 	umask     uint
@@ -69,6 +70,7 @@ func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.StringVar(&c.azure.ClientID, "identity-client-id", c.azure.ClientID, "client id of a user-assigned managed identity (azuread)")
 	fl.StringVar(&c.fs.CacheDir, "cache-dir", "", "directory for spill files of files being written (default: a new directory under $TMPDIR)")
 	fl.Int64Var(&c.cacheMB, "block-cache-mb", 256, "memory for the read block cache and read-ahead, MiB")
+	fl.Int64Var(&c.listMB, "list-cache-mb", fusefs.DefaultListCacheBytes>>20, "memory for cached directory listings, MiB (about 200 bytes a name); the oldest are dropped first")
 	fl.Int64Var(&c.readMB, "read-block-mb", 8, "size of one ranged read, MiB")
 	fl.Int64Var(&c.uploadMB, "upload-block-mb", 8, "size of one staged upload block, MiB")
 	fl.IntVar(&c.fs.UploadConcurrency, "upload-concurrency", 16, "blocks uploaded in parallel per file (twice as many in flight over all files being written)")
@@ -151,6 +153,8 @@ func (c *mountConfig) checkFlags(fl *pflag.FlagSet) error {
 		return fmt.Errorf("--read-block-mb %d: must be between 1 and 256 (MiB)", c.readMB)
 	case c.uploadMB < 1 || c.uploadMB > 4000:
 		return fmt.Errorf("--upload-block-mb %d: must be between 1 and 4000 (MiB; Azure's largest block)", c.uploadMB)
+	case c.listMB < 1 || c.listMB > 1<<20:
+		return fmt.Errorf("--list-cache-mb %d: must be between 1 and 1048576 (MiB)", c.listMB)
 	case c.cacheMB < 2*c.readMB:
 		return fmt.Errorf("--block-cache-mb %d: must hold at least two read blocks of --read-block-mb %d, so %d MiB or more", c.cacheMB, c.readMB, 2*c.readMB)
 	case c.fs.UploadConcurrency < 1 || c.fs.UploadConcurrency > 256:
@@ -517,6 +521,7 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 		ready(err, "")
 		return err
 	}
+	fusefs.SetListCacheBytes(c.listMB << 20)
 	if kept != nil {
 		opts.State = kept.state
 	}

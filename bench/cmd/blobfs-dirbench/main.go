@@ -134,7 +134,7 @@ func run(args []string) error {
 	}
 	fmt.Fprintf(os.Stderr, "writing %d blobs ...\n", fill)
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(32)
+	g.SetLimit(16)
 	for i := range fill {
 		name := fmt.Sprintf("d/f%07d", i)
 		if dirs > 0 {
