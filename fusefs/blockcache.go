@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -62,6 +63,8 @@ type blockCache struct {
 	closed bool           // buffers are freed as soon as unpinned
 
 	hits, misses uint64 // guarded by mu
+	// fetched counts the bytes downloaded into blocks (FS.fetched).
+	fetched *atomic.Int64
 }
 
 type blockKey struct {
@@ -126,6 +129,14 @@ func (c *blockCache) read(ctx context.Context, name, etag string, size int64, p 
 		pos += int64(n)
 	}
 	return done, nil
+}
+
+// has reports whether the block is cached, or being fetched.
+func (c *blockCache) has(key blockKey) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.blocks[key]
+	return ok
 }
 
 // pin returns the bytes of blob name (of the given size and ETag) from off,
@@ -412,6 +423,9 @@ func (c *blockCache) fetch(b *block, size int64) {
 	}
 	buf := b.buf[:n]
 	got, err := c.store.ReadAt(context.Background(), b.key.name, buf, off, b.key.etag)
+	if c.fetched != nil {
+		c.fetched.Add(int64(got))
+	}
 	if errors.Is(err, io.EOF) {
 		err = nil
 	}

@@ -23,6 +23,13 @@ type handle struct {
 	raNext   int64 // where a sequential read continues
 	raSeq    int64 // bytes read sequentially since the last seek
 	raWindow int   // blocks read ahead; grows while reads stay sequential
+	raSeeks  int   // reads in a row that did not continue the one before
+	raReads  bool  // the handle has read
+	// raRandom: the handle reads at random (readAhead); raClose counts
+	// its reads in a row near the one before, two of which make it
+	// sequential again.
+	raRandom bool
+	raClose  int
 
 	dirMu sync.Mutex
 	dir   *dirStream // the directory pass; guarded by dirMu
@@ -414,8 +421,8 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 	if !inStore || off >= size {
 		return fuse.ReadResultData(nil), fuse.OK
 	}
-	fs.readAhead(h, path, etag, size, off, len(buf))
-	res, err := fs.readCached(ctx, path, etag, size, buf, off)
+	random := fs.readAhead(h, path, etag, size, off, len(buf))
+	res, err := fs.readStored(ctx, random, path, etag, size, buf, off)
 	if errors.Is(err, blobstore.ErrPreconditionFailed) {
 		// The blob was replaced (by a rename's copy, or another
 		// writer): read what is there now.
@@ -424,14 +431,26 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 			fs.mu.Lock()
 			fs.applyEntryLocked(h.n, entryFromAttrs(a))
 			fs.mu.Unlock()
-			res, err = fs.readCached(ctx, path, a.ETag, a.Size, buf, off)
+			res, err = fs.readStored(ctx, random, path, a.ETag, a.Size, buf, off)
 		}
 	}
 	if err != nil {
 		fs.log.Warn("read failed", "path", path, "off", off, "err", err)
 		return nil, toStatus(err)
 	}
+	fs.readBytes.Add(int64(res.Size()))
 	return res, fuse.OK
+}
+
+// readStored answers a READ of a blob's bytes: for a random reader from
+// the chunk cache, unless its block is in the block cache already (whole,
+// or being fetched); otherwise from the block cache.
+func (fs *FS) readStored(ctx context.Context, random bool, path, etag string, size int64, buf []byte, off int64) (fuse.ReadResult, error) {
+	if random && !fs.blocks.has(blockKey{path, etag, off / fs.opts.ReadBlockSize}) {
+		n, err := fs.chunks.read(ctx, path, etag, size, buf, off)
+		return fuse.ReadResultData(buf[:n]), err
+	}
+	return fs.readCached(ctx, path, etag, size, buf, off)
 }
 
 // readCached answers a READ from the block cache. Within one block, the
@@ -461,7 +480,7 @@ func (fs *FS) readCached(ctx context.Context, path, etag string, size int64, buf
 // fetch in flight from the start; 4 KiB reads ramp up over a few requests.
 // A seek resets the window and makes the handle's unread read-ahead blocks
 // evictable.
-func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) {
+func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) (random bool) {
 	// The kernel's own read-ahead sends several READs at once, answered
 	// by several readers: they arrive slightly out of order. A read near
 	// where the stream is (within one block either way) counts as
@@ -469,14 +488,37 @@ func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) {
 	bs := fs.opts.ReadBlockSize
 	h.raMu.Lock()
 	seek := false
-	if off >= h.raNext-bs && off <= h.raNext+bs {
+	sequential := off >= h.raNext-bs && off <= h.raNext+bs
+	if h.raRandom {
+		// A random reader's next read lands within a block of the
+		// last one now and then: only two in a row, each close to
+		// the one before, make it a stream again.
+		if sequential = off >= h.raNext-randomGap && off <= h.raNext+randomGap; sequential {
+			h.raClose++
+			sequential = h.raClose >= 2
+		} else {
+			h.raClose = 0
+		}
+	}
+	if sequential {
 		h.raSeq += int64(n)
 		byBytes := (h.raSeq*readAheadRatio + bs - 1) / bs
 		h.raWindow = int(min(max(int64(h.raWindow)*2, byBytes, 1), int64(fs.readAheadWindow())))
+		h.raSeeks, h.raRandom, h.raClose = 0, false, 0
 	} else {
 		seek = h.raWindow > 0
 		h.raWindow, h.raSeq = 0, 0
+		h.raSeeks++
+		if !h.raReads {
+			// The first read, not at the start: taken for random
+			// at once (if the next ones continue it, it is a stream
+			// again, for the price of a chunk or two).
+			h.raSeeks = 2
+		}
+		h.raRandom = h.raRandom || h.raSeeks >= 2
 	}
+	h.raReads = true
+	random = h.raRandom
 	h.raNext = max(h.raNext, off+int64(n))
 	if h.raWindow == 0 {
 		h.raNext = off + int64(n)
@@ -487,13 +529,18 @@ func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) {
 		fs.blocks.demote(h.id)
 	}
 	if window == 0 {
-		return
+		return random
 	}
 	last := (min(off+int64(n), size) - 1) / bs
 	for i := int64(1); i <= int64(window); i++ {
 		fs.blocks.prefetch(blockKey{path, etag, last + i}, size, h.id)
 	}
+	return random
 }
+
+// randomGap is how close to the last read a random reader's read must be
+// to count towards its being a stream again.
+const randomGap = 1 << 20
 
 // readAheadRatio is how many bytes readAhead fetches ahead of a stream for
 // every byte it has read sequentially, until the window is full: 1 MiB

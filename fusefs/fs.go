@@ -54,6 +54,12 @@ type FS struct {
 	uploadSlots chan struct{}
 	// uploading sums the sizes of the files being committed (Stats).
 	uploading atomic.Int64
+	// chunks serves random reads (chunkcache.go). readBytes counts the
+	// bytes READs returned from the store's content, fetched the bytes
+	// downloaded for reads (blocks, read-ahead, prefetch, chunks): their
+	// ratio is the read amplification (Stats).
+	chunks             *chunkCache
+	readBytes, fetched atomic.Int64
 	// blockBufs recycles the buffers of streamed blocks (*[]byte of
 	// UploadBlockSize bytes); uploadSlots bounds how many are in use.
 	blockBufs sync.Pool
@@ -103,7 +109,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		log:           opts.Logger,
 		spillDir:      spillDir,
 		spills:        newSpillPool(spillDir),
-		blocks:        newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes, opts.MaxReadAheadBlocks),
+		blocks:        newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes-chunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), opts.MaxReadAheadBlocks),
 		lists:         newListCache(opts.ListTimeout, 1_000_000, opts.WalkAhead),
 		uploadSlots:   make(chan struct{}, 2*opts.UploadConcurrency),
 		ctx:           ctx,
@@ -114,6 +120,8 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		intents:       newIntentLog(),
 		orphansDone:   make(chan struct{}),
 	}
+	fs.blocks.fetched = &fs.fetched
+	fs.chunks = newChunkCache(store, chunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), &fs.fetched)
 	if opts.State != nil {
 		if err := fs.attachState(opts.State); err != nil {
 			cancel()
@@ -151,6 +159,11 @@ type Stats struct {
 	CacheBytes int64
 	// CacheHits and CacheMisses as CacheStats.
 	CacheHits, CacheMisses uint64
+	// ReadBytes: bytes READs returned from the store's content.
+	// FetchedBytes: bytes downloaded for reads (blocks, read-ahead,
+	// prefetched files, random reads' chunks). FetchedBytes/ReadBytes is
+	// the read amplification.
+	ReadBytes, FetchedBytes int64
 }
 
 // Stats returns the mount's Stats now. It costs a stat of each open file's
@@ -181,8 +194,9 @@ func (fs *FS) Stats() Stats {
 		of.mu.Unlock()
 	}
 	s.UploadingBytes = fs.uploading.Load()
-	s.CacheBytes = fs.blocks.usage()
+	s.CacheBytes = fs.blocks.usage() + fs.chunks.usage()
 	s.CacheHits, s.CacheMisses = fs.blocks.stats()
+	s.ReadBytes, s.FetchedBytes = fs.readBytes.Load(), fs.fetched.Load()
 	return s
 }
 

@@ -179,10 +179,12 @@ var (
 	volInFlight   = prometheus.NewDesc("blobfs_volume_store_requests_in_flight", "Store requests under way (each try).", []string{"volume"}, nil)
 	volHits       = prometheus.NewDesc("blobfs_volume_cache_hits_total", "Reads answered from the block cache.", []string{"volume"}, nil)
 	volMisses     = prometheus.NewDesc("blobfs_volume_cache_misses_total", "Reads that had to fetch from the store.", []string{"volume"}, nil)
+	volRead       = prometheus.NewDesc("blobfs_volume_read_bytes_total", "Bytes that reads returned from the store's content.", []string{"volume"}, nil)
+	volFetched    = prometheus.NewDesc("blobfs_volume_read_fetched_bytes_total", "Bytes downloaded for reads (blocks, read-ahead, prefetched files, random reads' chunks); divided by blobfs_volume_read_bytes_total, the read amplification.", []string{"volume"}, nil)
 )
 
 func (c volumeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{volDirtyFiles, volDirty, volUploading, volSpill, volCache, volInFlight, volHits, volMisses} {
+	for _, d := range []*prometheus.Desc{volDirtyFiles, volDirty, volUploading, volSpill, volCache, volInFlight, volHits, volMisses, volRead, volFetched} {
 		ch <- d
 	}
 }
@@ -207,6 +209,8 @@ func (c volumeCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(volInFlight, float64(v.inFlight.Load()))
 		ch <- prometheus.MustNewConstMetric(volHits, prometheus.CounterValue, float64(s.CacheHits), v.name)
 		ch <- prometheus.MustNewConstMetric(volMisses, prometheus.CounterValue, float64(s.CacheMisses), v.name)
+		ch <- prometheus.MustNewConstMetric(volRead, prometheus.CounterValue, float64(s.ReadBytes), v.name)
+		ch <- prometheus.MustNewConstMetric(volFetched, prometheus.CounterValue, float64(s.FetchedBytes), v.name)
 	}
 }
 
