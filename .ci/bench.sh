@@ -19,6 +19,7 @@ if [[ $# -eq 0 || ${BENCH_DIRS:-} == 1 ]]; then
 	go build -o bin/blobfs-dirbench ./bench/cmd/blobfs-dirbench
 	bin/blobfs-dirbench -endpoint "$endpoint" -bin blobfs=bin/blobfs -blobs 100000 -reps 3
 	bin/blobfs-dirbench -endpoint "$endpoint" -bin blobfs=bin/blobfs -tree 200x1000 -reps 3
+	bin/blobfs-dirbench -memory -blobs 100000 -latency 20ms -reps 3
 	bin/blobfs-dirbench -memory -tree 200x1000 -latency 20ms -reps 3
 	bin/blobfs-dirbench -per-entry 1000000
 fi

@@ -74,7 +74,7 @@ func run(args []string) error {
 	blobs := fl.Int("blobs", 20000, "blobs in the directory")
 	reps := fl.Int("reps", 5, "repetitions; the best time of each side counts")
 	tree := fl.String("tree", "", "DIRSxFILES: time find over a tree of DIRS directories of FILES files each instead of one directory")
-	memory := fl.Bool("memory", false, "with -tree: the memory store with -latency per request, served in this process, instead of Azurite")
+	memory := fl.Bool("memory", false, "the memory store with -latency per request, served in this process, instead of Azurite")
 	latency := fl.Duration("latency", 20*time.Millisecond, "with -memory: latency added to every store request")
 	perEntry := fl.Int("per-entry", 0, "N: the heap blobfs grows by per entry while a directory of N blobs on the memory store is listed, instead of timings")
 	keep := fl.String("keep", "", "use this container, filling it only if it lacks the blobs, and keep it afterwards (for repeated runs)")
@@ -95,7 +95,7 @@ func run(args []string) error {
 			return runMemoryPerEntry(ctx, *perEntry)
 		}
 		if dirs == 0 {
-			return errors.New("-memory needs -tree")
+			return runMemoryFlat(ctx, *blobs, *reps, *latency)
 		}
 		return runMemoryTree(ctx, dirs, files, *reps, *latency)
 	}
@@ -313,40 +313,47 @@ func ratio(d, base time.Duration) float64 { return float64(d) / float64(base) }
 // and getdents of 32 KiB (as ls does) until the end.
 func listThroughMount(ctx context.Context, bin string, cfg blobstore.AzureConfig) (t times, n int, err error) {
 	err = withMount(ctx, bin, cfg, func(mnt string) error {
-		// The clock starts before the open: its lookup of d is part
-		// of what `ls` waits for.
-		start := time.Now()
-		fd, err := unix.Open(filepath.Join(mnt, "d"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		t.open = time.Since(start)
-		buf := make([]byte, 32<<10)
-		for {
-			k, err := unix.Getdents(fd, buf)
-			if err != nil {
-				return err
-			}
-			if t.first == 0 {
-				t.first = time.Since(start)
-				t.afterOpen = t.first - t.open
-			}
-			if k == 0 {
-				break
-			}
-			for b := buf[:k]; len(b) > 0; {
-				reclen := int(b[16]) | int(b[17])<<8
-				if name := b[19:reclen]; name[0] != '.' {
-					n++
-				}
-				b = b[reclen:]
-			}
-		}
-		t.all = time.Since(start)
-		return nil
+		t, n, err = getdentsAll(filepath.Join(mnt, "d"))
+		return err
 	})
 	return t, n, err
+}
+
+// getdentsAll times the open of dir and getdents of 32 KiB (as ls does)
+// until the end, and counts the names other than "." and "..".
+func getdentsAll(dir string) (t times, n int, err error) {
+	// The clock starts before the open: its lookup of the directory is
+	// part of what `ls` waits for.
+	start := time.Now()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return t, 0, err
+	}
+	defer unix.Close(fd)
+	t.open = time.Since(start)
+	buf := make([]byte, 32<<10)
+	for {
+		k, err := unix.Getdents(fd, buf)
+		if err != nil {
+			return t, n, err
+		}
+		if t.first == 0 {
+			t.first = time.Since(start)
+			t.afterOpen = t.first - t.open
+		}
+		if k == 0 {
+			break
+		}
+		for b := buf[:k]; len(b) > 0; {
+			reclen := int(b[16]) | int(b[17])<<8
+			if name := b[19:reclen]; name[0] != '.' {
+				n++
+			}
+			b = b[reclen:]
+		}
+	}
+	t.all = time.Since(start)
+	return t, n, nil
 }
 
 // waitMounted waits until dir is a FUSE mount point.
