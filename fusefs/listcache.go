@@ -201,12 +201,22 @@ func (c *listCache) startPass(dir string) (f *listFetch, start *passStart) {
 		// Its entries, as this mount's changes since left them, up
 		// to where the listing got; later pages bring the rest.
 		start, l.resume = l.resume, nil
+		// The blobs the page's merger holds (their prefix may still
+		// come) are left to it: a name this mount has set meanwhile
+		// (a commit) is in the listing too, and would show twice.
+		start.merger.held = slices.Clone(start.merger.held)
+		held := map[string]bool{}
+		for i, h := range start.merger.held {
+			held[h.name] = true
+			if e := l.entries[h.name]; e != nil {
+				start.merger.held[i].entry = e // this mount's newer view
+			}
+		}
 		for _, name := range l.sortedLocked() {
-			if name < l.last {
+			if name < l.last && !held[name] {
 				start.items = append(start.items, dirItem{name: name, entry: l.entries[name]})
 			}
 		}
-		start.merger.held = slices.Clone(start.merger.held)
 	} else {
 		c.dropLocked(dir)
 		l = &listing{entries: map[string]*dirEntry{}}
@@ -244,9 +254,7 @@ func (c *listCache) passPage(f *listFetch, items []dirItem, last string) {
 	if l == nil {
 		return
 	}
-	for !c.roomLocked(len(items)) && c.evictOldestLocked(l) {
-	}
-	if !c.roomLocked(len(items)) {
+	if !c.makeRoomLocked(len(items), l) {
 		c.dropLocked(f.dir) // too large to cache; the pass goes on
 		c.detachPassLocked(f)
 		return
@@ -369,8 +377,11 @@ func (c *listCache) detachPassLocked(f *listFetch) {
 // flight.
 func (c *listCache) recordLocked(dir string, ch listChange) {
 	for _, w := range slices.Clone(c.walks) {
-		if dir != w.root && !w.covers(dir) {
-			continue
+		if !w.covers(dir) {
+			continue // the walked directory's listing takes changes in place
+		}
+		if l := c.dirs[dir]; l != nil && l.walk == w {
+			continue // built and put already: changed in place
 		}
 		if w.nchanges >= maxFetchChanges {
 			c.endWalkLocked(w)
@@ -493,7 +504,7 @@ type listing struct {
 	// asked for, and after a change.
 	subdirs int
 	// walk is the tree walk that built this listing; it keeps the
-	// listing fresh while it is in use (treeWalk.keepsFresh).
+	// listing fresh while it is in use (keptByWalk).
 	// prefetched is how many names the walk built it with, while no
 	// walker has used it yet (they count as ahead of the walker).
 	walk       *treeWalk
@@ -537,8 +548,7 @@ func (c *listCache) notePassed(dir string) {
 const ListCacheEntryBytes = 200
 
 // DefaultListCacheBytes is the budget of every listing cache of a process
-// together, when SetListCacheBytes is not called: 1,000,000 names of 70
-// bytes or less.
+// together, when SetListCacheBytes is not called: about 1,340,000 names.
 const DefaultListCacheBytes = 256 << 20
 
 // listBudget is the memory budget shared by the listing caches of every
@@ -562,6 +572,24 @@ func ListCacheNames() (held, limit int64) { return listBudget.used.Load(), listB
 // and the process's budget.
 func (c *listCache) roomLocked(n int) bool {
 	return c.total+n <= c.maxEntries && listBudget.used.Load()+int64(n) <= listBudget.limit.Load()
+}
+
+// makeRoomLocked drops this cache's oldest listings, other than keep,
+// until n more names fit, and reports whether they do. It drops nothing
+// when all it holds would not be enough (the process's budget taken by
+// other mounts).
+func (c *listCache) makeRoomLocked(n int, keep *listing) bool {
+	for !c.roomLocked(n) {
+		over := max(c.total+n-c.maxEntries, int(listBudget.used.Load()+int64(n)-listBudget.limit.Load()))
+		droppable := c.total
+		if keep != nil {
+			droppable -= len(keep.entries)
+		}
+		if over > droppable || !c.evictOldestLocked(keep) {
+			return false
+		}
+	}
+	return true
 }
 
 // countLocked records n names more (or fewer) in this cache.
@@ -607,9 +635,7 @@ func (c *listCache) putLocked(dir string, entries map[string]*dirEntry, took tim
 		return false
 	}
 	c.dropLocked(dir)
-	for !c.roomLocked(len(entries)) && c.evictOldestLocked(nil) {
-	}
-	if !c.roomLocked(len(entries)) {
+	if !c.makeRoomLocked(len(entries), nil) {
 		return false
 	}
 	c.dirs[dir] = &listing{expiry: time.Now().Add(c.ttl), entries: entries, took: took, complete: last == "", last: last}
@@ -735,7 +761,7 @@ func (c *listCache) claimRefresh(dir string) bool {
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
 	if l == nil || !l.complete || l.pass != nil || l.refreshing || time.Until(l.expiry) > c.ttl/4 ||
-		l.walk != nil && l.walk.keepsFresh(time.Now(), c.ttl) {
+		l.keptByWalk(time.Now(), c.ttl) {
 		// A walk keeps it as one listing in progress: listing the
 		// directory again would only compete with the walk's pages.
 		return false
@@ -833,7 +859,7 @@ func (c *listCache) freshLocked(dir string) *listing {
 		return nil
 	}
 	if now := time.Now(); now.After(l.expiry) && !l.fetching && !(l.refreshing && now.Before(l.expiry.Add(refreshGrace(c.ttl, l.took)))) &&
-		!(l.walk != nil && l.walk.keepsFresh(now, c.ttl)) {
+		!l.keptByWalk(now, c.ttl) {
 		c.dropLocked(dir)
 		return nil
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/blobfs/blobfs/blobstore"
 )
 
 // TestListCacheRefreshAhead: a listing in the last quarter of its life is
@@ -216,5 +218,41 @@ func TestListCacheBudgetSharedByMounts(t *testing.T) {
 	a.clear()
 	if h, _ := ListCacheNames(); h != held {
 		t.Errorf("%d names held after both closed, want %d", h, held)
+	}
+}
+
+// TestPassFromPartialListingShowsHeldNamesOnce: a pass that goes on from
+// a lookup's partial listing leaves the blobs its page's merger still
+// holds to the merger, even when this mount has set one of them since (a
+// commit): the name would otherwise show twice in the pass.
+func TestPassFromPartialListingShowsHeldNamesOnce(t *testing.T) {
+	c := newListCache(time.Minute, 1000, 0)
+	fetch := c.beginFetch("d")
+	page := blobstore.ListPage{Blobs: []blobstore.Attrs{{Name: "d/a"}, {Name: "d/data"}, {Name: "d/data.csv"}}, NextMarker: "more"}
+	entries, merger := pageEntries("d/", page)
+	if merger == nil || len(merger.held) != 2 {
+		t.Fatalf("merger %+v: want data and data.csv held", merger)
+	}
+	if !c.putPartialFetched(entries, &passStart{marker: page.NextMarker, merger: *merger}, fetch) {
+		t.Fatal("partial listing not kept")
+	}
+	c.set("d", "data", dirEntry{kind: kindFile, size: 7}) // committed here since
+	f, start := c.startPass("d")
+	if f == nil || start == nil {
+		t.Fatal("the pass did not go on from the partial listing")
+	}
+	for _, it := range start.items {
+		if it.name == "data" || it.name == "data.csv" {
+			t.Errorf("start items hold %q, which the merger holds too", it.name)
+		}
+	}
+	var dataSize int64 = -1
+	for _, h := range start.merger.held {
+		if h.name == "data" {
+			dataSize = h.entry.size
+		}
+	}
+	if dataSize != 7 {
+		t.Errorf("held data has size %d, want this mount's 7", dataSize)
 	}
 }

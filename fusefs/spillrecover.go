@@ -301,7 +301,7 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) (orphanOutcome, er
 		// the session's own commit would have.
 		a, err := fs.store.Stat(ctx, rec.Blob)
 		if err != nil && retry(err) {
-			return 0, err
+			return orphanLeftInPlace, err
 		}
 		if err == nil && a.ETag == rec.IfMatch {
 			opts.Metadata = copyMeta(a.Metadata)
@@ -329,7 +329,7 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) (orphanOutcome, er
 		// lost: the condition then fails on our own data.
 		a, serr := fs.store.Stat(ctx, rec.Blob)
 		if serr != nil && retry(serr) {
-			return 0, serr
+			return orphanLeftInPlace, serr
 		}
 		if serr == nil {
 			if v, ok := metaValue(a.Metadata, blobstore.MetaCommit); ok && v == rec.Nonce {
@@ -339,7 +339,7 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) (orphanOutcome, er
 		}
 	}
 	if err != nil && retry(err) {
-		return 0, err
+		return orphanLeftInPlace, err
 	}
 	if err != nil {
 		return fs.keepOrphan(path, rec.Blob, st.Size(), err), nil

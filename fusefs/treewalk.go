@@ -71,6 +71,8 @@ type treeWalk struct {
 	pageTime  time.Duration // total time of the pages
 	paused    bool
 	ended     bool
+	endedAt   time.Time
+	started   time.Time
 	listedAll bool // the listing reached its end
 	// skip are the directories below the root, with a "/" each, that
 	// changed during the walk in a way it cannot replay (removed,
@@ -135,9 +137,15 @@ const (
 	DefaultWalkAhead = 100_000
 )
 
-// keepsFresh reports whether the listings w built are still in use.
-func (w *treeWalk) keepsFresh(now time.Time, ttl time.Duration) bool {
-	return !w.ended || now.Before(w.activity.Add(ttl))
+// keptByWalk reports whether l, a listing w built (or the walked
+// directory's own), is fresh because of the walk: while the walk lists,
+// for ListTimeout after it ended, and, for a listing its walker has not
+// used yet, for ListTimeout after the walker's last use of the walk. A
+// listing used once lives on for ListTimeout from that use (usedLocked),
+// as one a pass made does from the pass's end.
+func (l *listing) keptByWalk(now time.Time, ttl time.Duration) bool {
+	w := l.walk
+	return w != nil && (!w.ended || now.Before(w.endedAt.Add(ttl)) || l.prefetched > 0 && now.Before(w.activity.Add(ttl)))
 }
 
 // covers reports whether dir is below w's root.
@@ -195,7 +203,7 @@ func (fs *FS) maybeStartWalk(dir string) {
 		}
 	}
 	w := &treeWalk{root: parent, kick: make(chan struct{}, 1), dirs: map[string]*walkDir{}, putting: map[string]bool{},
-		changes: map[string][]listChange{}, activity: time.Now()}
+		changes: map[string][]listChange{}, activity: time.Now(), started: time.Now()}
 	if parent != "" {
 		w.prefix = parent + "/"
 	}
@@ -266,7 +274,13 @@ func (fs *FS) runWalk(w *treeWalk) {
 func (c *listCache) walkHasRoom(w *treeWalk) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return !w.ended && w.ahead+w.building <= c.walkAhead
+	return !w.ended && w.ahead+w.building <= c.walkAheadLimit()
+}
+
+// walkAheadLimit is how many names a walk may hold ahead of its walkers:
+// Options.WalkAhead, and at most half the process's listing budget.
+func (c *listCache) walkAheadLimit() int {
+	return int(min(int64(c.walkAhead), listBudget.limit.Load()/2))
 }
 
 // walkMayGoOn waits while w is WalkAhead names ahead of its walker, and
@@ -276,7 +290,7 @@ func (fs *FS) walkMayGoOn(w *treeWalk) bool {
 	for {
 		c.mu.Lock()
 		ended := w.ended
-		over := w.ahead+w.building > fs.opts.WalkAhead
+		over := w.ahead+w.building > c.walkAheadLimit()
 		idle := time.Since(w.activity) > walkIdle
 		w.paused = over
 		c.mu.Unlock()
@@ -324,7 +338,7 @@ func (c *listCache) walkPage(w *treeWalk, page blobstore.ListPage, took time.Dur
 		w.building = 0
 		w.listedAll = true
 	}
-	if w.building > c.walkAhead {
+	if w.building > c.walkAheadLimit() {
 		// One directory larger than the walk may hold: its walker
 		// lists it page by page instead.
 		c.endWalkLocked(w)
@@ -333,6 +347,7 @@ func (c *listCache) walkPage(w *treeWalk, page blobstore.ListPage, took time.Dur
 	for _, d := range done {
 		w.putting[d.path] = true
 	}
+	c.cond.Broadcast() // walkers look again: the listing may be inside their directory now
 	return done
 }
 
@@ -367,12 +382,7 @@ func (w *treeWalk) addBlobLocked(b blobstore.Attrs, done []*walkDir) []*walkDir 
 	}
 	dir := w.root
 	for i, p := range parts {
-		d := w.dirs[dir]
-		if d == nil {
-			// Completed already (a store listing out of order):
-			// the name is left to the directory's own listing.
-			return done
-		}
+		d := w.dirs[dir] // the root, or made at the step before
 		old, had := d.entries[p]
 		if !had {
 			w.building++
@@ -422,8 +432,8 @@ func (fs *FS) fillWalked(w *treeWalk, done []*walkDir) {
 func (c *listCache) putWalked(w *treeWalk, done []*walkDir) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if w.ended && !w.listedAll {
-		return // spoiled, or too large
+	if w.ended {
+		return // spoiled, too large, or too many changes: its changes are gone
 	}
 	for _, d := range done {
 		delete(w.putting, d.path)
@@ -436,18 +446,26 @@ func (c *listCache) putWalked(w *treeWalk, done []*walkDir) {
 		}
 		w.nchanges -= len(w.changes[d.path])
 		delete(w.changes, d.path)
-		if w.skipped(d.path + "/") {
-			continue // changed while it was being built
+		if w.skipped(d.path+"/") || d.path == w.root {
+			// Changed while it was being built; or the walked
+			// directory, whose listing from before the walk is
+			// kept fresh by it and takes this mount's changes.
+			continue
 		}
-		if l := c.freshLocked(d.path); l != nil && l.pass != nil {
-			continue // a pass is listing it already
+		if l := c.freshLocked(d.path); l != nil && (l.pass != nil || l.walk == w) {
+			// A pass is listing it already; or this walk put it
+			// already, and a store listing out of order brought
+			// more of its names: its listing, complete, stays.
+			continue
 		}
 		if !c.putLocked(d.path, d.entries, 0, "") {
 			continue
 		}
 		l := c.dirs[d.path]
 		l.walk = w
-		if d.path != w.root {
+		if t, ok := c.passed[d.path]; !ok || t.Before(w.started) {
+			// Not read by the walker yet (one that did not wait
+			// for the walk read it on its own): ahead of it.
 			l.prefetched = len(d.entries)
 			w.ahead += l.prefetched
 		}
@@ -467,7 +485,7 @@ func (c *listCache) endWalkLocked(w *treeWalk) {
 	if w.ended {
 		return
 	}
-	w.ended = true
+	w.ended, w.endedAt = true, time.Now()
 	w.cancel()
 	w.dirs, w.changes, w.putting, w.building = nil, nil, nil, 0
 	for i, v := range c.walks {
@@ -511,7 +529,7 @@ func (c *listCache) awaitWalk(dir string) {
 		if l := c.freshLocked(dir); l != nil && l.complete {
 			return
 		}
-		if w.ended || w.ahead+w.building > c.walkAhead {
+		if w.ended || w.ahead+w.building > c.walkAheadLimit() {
 			return // paused: ahead of its walkers by all it may be
 		}
 		if d := w.dirs[dir]; d != nil && len(d.entries) >= listPage {
@@ -538,6 +556,7 @@ func (c *listCache) usedLocked(l *listing) {
 	if l.prefetched > 0 {
 		w.ahead -= l.prefetched
 		l.prefetched = 0
+		l.expiry = w.activity.Add(c.ttl) // lives on for ListTimeout from its first use
 		select {
 		case w.kick <- struct{}{}:
 		default:

@@ -273,3 +273,34 @@ func TestTreeWalkStaysWithinWalkAhead(t *testing.T) {
 		t.Errorf("the walk fetched only %d pages of the tree: it did not go on", flat)
 	}
 }
+
+// TestTreeWalkListingsExpire: once a walk has ended, the listings it built
+// expire as any other does, however busy the walker keeps them: a name
+// another writer adds shows within the listing timeout of its last use.
+func TestTreeWalkListingsExpire(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	mem := blobstore.NewMemory()
+	fillWalkTree(t, mem, 6, 10)
+	s := &walkCountingStore{pagedStore: pagedStore{Store: mem, page: 20}}
+	mnt, _ := mountStore(t, s, Options{ListTimeout: ttl, EntryTimeout: -1, NegativeTimeout: -1, AttrTimeout: -1})
+	root := join(mnt, "t")
+	walkTree(t, root) // the walk lists the tree and ends
+	if s.flat.Load() == 0 {
+		t.Fatal("no walk")
+	}
+	putBlob(t, mem, "t/d04/late", []byte("x"), nil) // another writer
+	deadline := time.Now().Add(ttl + 2*time.Second)
+	for {
+		// The walker stays busy in the walked tree.
+		if _, err := os.Stat(join(root, "d04/f001")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(join(root, "d04/late")); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a name another writer added is not seen %v after, with the walk over and the listing timeout %v", ttl+2*time.Second, ttl)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
