@@ -40,34 +40,7 @@ func runMemoryTree(ctx context.Context, dirs, files, reps int, latency time.Dura
 	sdk := &side{name: "one flat listing (pages of 5000)", list: func(ctx context.Context) (times, int, error) {
 		return listTreeSDK(ctx, store, "t/")
 	}}
-	sides = append(sides, sdk)
-	for r := range reps {
-		for _, s := range sides {
-			t, n, err := s.list(ctx)
-			if err != nil {
-				return fmt.Errorf("%s: %w", s.name, err)
-			}
-			want := dirs*files + dirs
-			if s == sdk {
-				want = dirs * files
-			}
-			if n != want {
-				return fmt.Errorf("%s: %d names, want %d", s.name, n, want)
-			}
-			fmt.Fprintf(os.Stderr, "rep %d %-48s all %8.1f ms\n", r+1, s.name, ms(t.all))
-			if r == 0 || t.all < s.best.all {
-				s.best = t
-			}
-		}
-	}
-	fmt.Printf("find over %d directories of %d files (%d blobs) on the memory store with %v per request, best of %d, fresh mount each time.\n\n",
-		dirs, files, dirs*files, latency, reps)
-	fmt.Println("| lister | whole tree | speed, ratio to one flat listing |")
-	fmt.Println("|---|---:|---:|")
-	for _, s := range sides {
-		fmt.Printf("| %s | %.0f ms | %.2f |\n", s.name, ms(s.best.all), ratio(sdk.best.all, s.best.all))
-	}
-	return nil
+	return timeTree(ctx, sides, sdk, dirs, files, reps, fmt.Sprintf("on the memory store with %v per request", latency), "one flat listing")
 }
 
 // runMemoryFlat times the first and all entries of a directory of n blobs
