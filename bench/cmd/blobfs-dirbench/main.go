@@ -320,15 +320,16 @@ func ratio(d, base time.Duration) float64 { return float64(d) / float64(base) }
 // and getdents of 32 KiB (as ls does) until the end.
 func listThroughMount(ctx context.Context, bin string, cfg blobstore.AzureConfig) (t times, n int, err error) {
 	err = withMount(ctx, bin, cfg, func(mnt string) error {
-		t, n, err = getdentsAll(filepath.Join(mnt, "d"))
+		t, n, err = getdentsAll(filepath.Join(mnt, "d"), nil)
 		return err
 	})
 	return t, n, err
 }
 
 // getdentsAll times the open of dir and getdents of 32 KiB (as ls does)
-// until the end, and counts the names other than "." and "..".
-func getdentsAll(dir string) (t times, n int, err error) {
+// until the end, and counts the names other than "." and "..". atEnd, if
+// not nil, runs after the last getdents, with the directory still open.
+func getdentsAll(dir string, atEnd func()) (t times, n int, err error) {
 	// The clock starts before the open: its lookup of the directory is
 	// part of what `ls` waits for.
 	start := time.Now()
@@ -360,6 +361,9 @@ func getdentsAll(dir string) (t times, n int, err error) {
 		}
 	}
 	t.all = time.Since(start)
+	if atEnd != nil {
+		atEnd()
+	}
 	return t, n, nil
 }
 

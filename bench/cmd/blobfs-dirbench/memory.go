@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
 )
@@ -56,7 +54,7 @@ func runMemoryFlat(ctx context.Context, n, reps int, latency time.Duration) erro
 	store := blobstore.NewFaulty(mem, blobstore.FaultOptions{Latency: latency})
 	fs := &side{name: "blobfs", list: func(ctx context.Context) (t times, listed int, err error) {
 		err = inProcessMount(store, fusefs.Options{}, func(mnt string) error {
-			t, listed, err = getdentsAll(filepath.Join(mnt, "d"))
+			t, listed, err = getdentsAll(filepath.Join(mnt, "d"), nil)
 			return err
 		})
 		return t, listed, err
@@ -156,30 +154,9 @@ func runMemoryPerEntry(ctx context.Context, n int) error {
 	listed := 0
 	err := inProcessMount(mem, fusefs.Options{ListTimeout: time.Hour}, func(mnt string) error {
 		before = heap()
-		fd, err := unix.Open(filepath.Join(mnt, "d"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		buf := make([]byte, 32<<10)
-		for {
-			k, err := unix.Getdents(fd, buf)
-			if err != nil {
-				return err
-			}
-			if k == 0 {
-				break
-			}
-			for b := buf[:k]; len(b) > 0; {
-				reclen := int(b[16]) | int(b[17])<<8
-				if name := b[19:reclen]; name[0] != '.' {
-					listed++
-				}
-				b = b[reclen:]
-			}
-		}
-		during = heap()
-		return nil
+		var err error
+		_, listed, err = getdentsAll(filepath.Join(mnt, "d"), func() { during = heap() })
+		return err
 	})
 	if err != nil {
 		return err
