@@ -33,22 +33,24 @@ import (
 // walk.
 //
 // Memory: the walk lists ahead of its walker at most Options.WalkAhead
-// names in directories not opened yet, then pauses until the walker opens
-// them (or stops, when the walker has been gone for walkIdle). A
-// directory still being built counts too: one larger than WalkAhead ends
-// the walk, and the walker lists it on its own, page by page.
+// names (and at most half the process's listing budget) in directories not
+// opened yet, then pauses until the walker opens them (or stops, when the
+// walker has been gone for walkIdle). A directory still being built counts
+// too: one larger than that ends the walk, and the walker lists it on its
+// own, page by page. The next page is asked for while the last one is
+// turned into listings.
 //
 // Freshness: the listings a walk builds are one listing in progress, as a
 // directory pass's pages are (listCache.startPass): they stay fresh while
-// the walk goes on (a page landing, the walker opening or looking up in
-// them) and for ListTimeout after it ends. A name changed by another writer
+// the walk lists, then for ListTimeout after it ended or after their first
+// use, whichever is later (keptByWalk). A name changed by another writer
 // during a long walk shows as it was when the walk's page listed it. This
-// mount's own changes are replayed onto every listing the walk builds, and
-// a rename or removal of a directory in or above the walked tree ends the
-// walk.
+// mount's own changes are replayed onto every listing the walk builds; a
+// directory removed or renamed in the walked tree is left out of the walk
+// (skipLocked), and one at or above its root ends it.
 //
 // Locking: a walk's fields are guarded by its listCache's mu; the fetcher
-// takes it per page.
+// takes it per page, and never holds it while it takes FS.mu (mergeLocal).
 type treeWalk struct {
 	root   string // the walked directory's path, "" for the root
 	prefix string // root + "/", "" for the root
