@@ -166,7 +166,7 @@ func (fs *FS) restore(saved *savedState) error {
 		if n == nil {
 			continue
 		}
-		h := &handle{id: fh, n: n, write: sh.write}
+		h := &handle{id: fh, n: n, write: sh.write, io: sh.io}
 		if !sh.dir {
 			if n.file == nil {
 				n.file = &openFile{fs: fs, n: n}
@@ -175,6 +175,15 @@ func (fs *FS) restore(saved *savedState) error {
 			n.file.refs++
 			if sh.write {
 				n.file.writers++
+			}
+			switch sh.io {
+			case ioCached:
+				n.io.cached++
+			case ioPassthrough:
+				// The kernel still reads the backing file, and new
+				// opens must join it (passthrough.go).
+				n.io.passthrough++
+				n.io.backingID = sh.backingID
 			}
 		}
 		fs.handles[fh] = h

@@ -65,6 +65,9 @@ type blockCache struct {
 	hits, misses uint64 // guarded by mu
 	// fetched counts the bytes downloaded into blocks (FS.fetched).
 	fetched *atomic.Int64
+	// disk, if not nil, is asked before the store, and keeps what the
+	// store sent (diskcache.go).
+	disk *diskTier
 }
 
 type blockKey struct {
@@ -422,12 +425,21 @@ func (c *blockCache) fetch(b *block, size int64) {
 		n = 0
 	}
 	buf := b.buf[:n]
-	got, err := c.store.ReadAt(context.Background(), b.key.name, buf, off, b.key.etag)
-	if c.fetched != nil {
-		c.fetched.Add(int64(got))
-	}
-	if errors.Is(err, io.EOF) {
-		err = nil
+	got, fromDisk := c.disk.read(b.key.name, b.key.etag, size, buf, off)
+	var err error
+	if !fromDisk {
+		got, err = c.store.ReadAt(context.Background(), b.key.name, buf, off, b.key.etag)
+		if c.fetched != nil {
+			c.fetched.Add(int64(got))
+		}
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+		if err == nil {
+			// Before ready: once readers have it, the block may be
+			// evicted and its buffer reused.
+			c.disk.keep(b.key.name, b.key.etag, size, buf[:got], off)
+		}
 	}
 	b.buf = buf[:got]
 	b.err = err

@@ -36,6 +36,7 @@ type chunkCache struct {
 	store    blobstore.Store
 	capacity int64
 	fetched  *atomic.Int64 // bytes downloaded for reads, shared with the block cache
+	disk     *diskTier     // asked before the store (diskcache.go); may be nil
 
 	mu     sync.Mutex
 	chunks map[blockKey]*list.Element // of *chunk
@@ -96,13 +97,18 @@ func (c *chunkCache) read(ctx context.Context, name, etag string, size int64, p 
 	if missFrom >= 0 {
 		from, to := missFrom*randomChunk, min((missTo+1)*randomChunk, size)
 		buf := make([]byte, to-from)
-		got, err := c.store.ReadAt(ctx, name, buf, from, etag)
-		c.fetched.Add(int64(got))
-		if errors.Is(err, io.EOF) {
-			err = nil
-		}
-		if err != nil {
-			return 0, err
+		got, fromDisk := c.disk.read(name, etag, size, buf, from)
+		if !fromDisk {
+			var err error
+			got, err = c.store.ReadAt(ctx, name, buf, from, etag)
+			c.fetched.Add(int64(got))
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			if err != nil {
+				return 0, err
+			}
+			c.disk.keep(name, etag, size, buf[:got], from)
 		}
 		buf = buf[:got]
 		for i := missFrom; i <= missTo; i++ {

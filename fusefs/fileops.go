@@ -18,6 +18,8 @@ type handle struct {
 	n     *node
 	of    *openFile // files only
 	write bool
+	// io is how the open reply set the kernel's io mode (passthrough.go).
+	io ioMode
 
 	raMu     sync.Mutex
 	raNext   int64 // where a sequential read continues
@@ -30,13 +32,16 @@ type handle struct {
 	// sequential again.
 	raRandom bool
 	raClose  int
+	// raFilled: the handle asked for its file to be fetched whole into
+	// the disk cache (fillDisk), once.
+	raFilled bool
 
 	dirMu sync.Mutex
 	dir   *dirStream // the directory pass; guarded by dirMu
 }
 
-func (fs *FS) newHandleLocked(n *node, of *openFile, write bool) *handle {
-	h := &handle{id: fs.nextHandle, n: n, of: of, write: write}
+func (fs *FS) newHandleLocked(n *node, of *openFile, write bool, io ioMode) *handle {
+	h := &handle{id: fs.nextHandle, n: n, of: of, write: write, io: io}
 	fs.nextHandle++
 	if of != nil && write {
 		of.writers++
@@ -251,8 +256,6 @@ func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.S
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	h := fs.newHandleLocked(n, of, write)
-	out.Fh = h.id
 	// The kernel may keep cached pages when the blob is the one it cached.
 	if !of.hasSpill.Load() && n.etag != "" && n.etag == n.lastOpenETag {
 		out.OpenFlags |= fuse.FOPEN_KEEP_CACHE
@@ -265,6 +268,9 @@ func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.S
 		out.OpenFlags |= fuse.FOPEN_DIRECT_IO
 	}
 	out.OpenFlags |= writeOnlyFlags(in.Flags)
+	io := fs.chooseIOLocked(n, path, write, out)
+	h := fs.newHandleLocked(n, of, write, io)
+	out.Fh = h.id
 	return fuse.OK
 }
 
@@ -290,7 +296,7 @@ func writeOnlyFlags(openFlags uint32) uint32 {
 // FUSE_DIRECT_IO_ALLOW_MMAP, so that such files can still be mapped
 // shared; mmap then goes through the page cache as usual.
 func (fs *FS) directRead(size int64) bool {
-	return fs.directIOMmap.Load() && fs.opts.DirectReadMinBytes > 0 && size >= fs.opts.DirectReadMinBytes
+	return fs.directIOMmap.Load() && fs.opts.DirectReadMinBytes > 0 && size >= fs.opts.DirectReadMinBytes && !fs.passthroughPossible()
 }
 
 // allowDirectIO is called by the Session serving fs once it knows whether
@@ -366,9 +372,9 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 	fs.batchLocked(func() {
 		fs.nodes.ref(n)
 		fs.fillEntry(n, &out.EntryOut)
-		h := fs.newHandleLocked(n, of, true)
-		out.Fh = h.id
 		out.OpenFlags |= writeOnlyFlags(in.Flags)
+		h := fs.newHandleLocked(n, of, true, fs.chooseIOLocked(n, path, true, &out.OpenOut))
+		out.Fh = h.id
 		fs.completeIntentLocked(intent, n.id, h.id)
 	})
 	fs.mu.Unlock()
@@ -519,12 +525,17 @@ func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) (r
 	}
 	h.raReads = true
 	random = h.raRandom
+	fill := random && !h.raFilled
+	h.raFilled = h.raFilled || random
 	h.raNext = max(h.raNext, off+int64(n))
 	if h.raWindow == 0 {
 		h.raNext = off + int64(n)
 	}
 	window := h.raWindow
 	h.raMu.Unlock()
+	if fill {
+		fs.fillDisk(path, etag, size)
+	}
 	if seek {
 		fs.blocks.demote(h.id)
 	}
@@ -625,6 +636,9 @@ func (fs *FS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
 	if h != nil && h.of != nil && h.write {
 		h.of.writers--
 		lastWriter = h.of.writers == 0
+	}
+	if h != nil && h.of != nil {
+		fs.releaseIOLocked(h)
 	}
 	fs.mu.Unlock()
 	if lastWriter {

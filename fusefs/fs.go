@@ -59,6 +59,14 @@ type FS struct {
 	// downloaded for reads (blocks, read-ahead, prefetch, chunks): their
 	// ratio is the read amplification (Stats).
 	chunks             *chunkCache
+	// disk is the disk cache under the block and chunk caches; nil
+	// without one. passthrough opens files it holds whole so that the
+	// kernel reads them itself (passthrough.go).
+	disk        *diskTier
+	passthrough passthrough
+	// filling: the file versions being fetched whole into the disk
+	// cache (fillDisk); guarded by mu.
+	filling map[blockKey]bool
 	readBytes, fetched atomic.Int64
 	// blockBufs recycles the buffers of streamed blocks (*[]byte of
 	// UploadBlockSize bytes); uploadSlots bounds how many are in use.
@@ -121,7 +129,16 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		orphansDone:   make(chan struct{}),
 	}
 	fs.blocks.fetched = &fs.fetched
+	fs.passthrough.devFD.Store(-1)
 	fs.chunks = newChunkCache(store, chunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), &fs.fetched)
+	if opts.DiskCache != nil {
+		ns := opts.StoreID
+		if ns == "" {
+			ns = fmt.Sprintf("mount %p", fs)
+		}
+		fs.disk = &diskTier{cache: opts.DiskCache, ns: ns}
+		fs.blocks.disk, fs.chunks.disk = fs.disk, fs.disk
+	}
 	if opts.State != nil {
 		if err := fs.attachState(opts.State); err != nil {
 			cancel()
@@ -164,6 +181,12 @@ type Stats struct {
 	// prefetched files, random reads' chunks). FetchedBytes/ReadBytes is
 	// the read amplification.
 	ReadBytes, FetchedBytes int64
+	// DiskReadBytes: bytes the block and chunk caches took from the disk
+	// cache instead of the store. PassthroughOpens: opens the kernel
+	// serves from a disk cache file itself (their reads are in neither
+	// count).
+	DiskReadBytes    int64
+	PassthroughOpens int64
 }
 
 // Stats returns the mount's Stats now. It costs a stat of each open file's
@@ -197,6 +220,10 @@ func (fs *FS) Stats() Stats {
 	s.CacheBytes = fs.blocks.usage() + fs.chunks.usage()
 	s.CacheHits, s.CacheMisses = fs.blocks.stats()
 	s.ReadBytes, s.FetchedBytes = fs.readBytes.Load(), fs.fetched.Load()
+	if fs.disk != nil {
+		s.DiskReadBytes = fs.disk.hits.Load()
+	}
+	s.PassthroughOpens = fs.passthrough.opens.Load()
 	return s
 }
 

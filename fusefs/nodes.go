@@ -80,6 +80,9 @@ type node struct {
 	target string
 	// file holds the content state while handles are open.
 	file *openFile
+	// io counts the open handles by the kernel's io mode, and holds the
+	// backing file of passthrough handles (passthrough.go).
+	io ioOpens
 	// lastOpenETag is the ETag seen at the last open, to tell the kernel
 	// it may keep its page cache when the blob has not changed.
 	lastOpenETag string

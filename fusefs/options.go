@@ -109,6 +109,14 @@ type Options struct {
 	// Logger receives operational messages. Default: slog.Default().
 	Logger *slog.Logger `json:"-"`
 
+	// DiskCache, if not nil, keeps what reads fetch on a local disk
+	// (diskcache.go), shared with every mount of the process given the
+	// same one; files held whole are opened with FUSE passthrough where
+	// the kernel offers it (passthrough.go). Keyed by StoreID, so mounts
+	// of one store share files; with no StoreID, this mount's files are
+	// its own. Nil: reads are cached in memory only.
+	DiskCache *DiskCache `json:"-"`
+
 	// State is the state region (see NewState) that lets another process
 	// adopt this mount. If it holds the state of a previous process, New
 	// rebuilds the tables from it and AdoptInit returns the mount's INIT

@@ -307,6 +307,7 @@ func Adopt(mountpoint string, fd int, init []byte, fs fuse.RawFileSystem, opts M
 		init = init[:len(init)-len(allowMmapMark)]
 	}
 	s.allowDirectIO(marked && kernelOffers(init, fuse.CAP_DIRECT_IO_ALLOW_MMAP))
+	s.allowPassthrough(kernelOffers(init, fuse.CAP_PASSTHROUGH))
 	s.initRequest = append([]byte(nil), init...)
 	scratch := make([]byte, 4096)
 	if _, st := s.server.HandleRequest([][]byte{append([]byte(nil), init...)}, [][]byte{scratch}); !st.Ok() {
@@ -340,6 +341,15 @@ const allowMmapMark = "\x00blobfs:direct-io-allow-mmap"
 func (s *Session) allowDirectIO(ok bool) {
 	if d, isFS := s.fs.(interface{ allowDirectIO(bool) }); isFS {
 		d.allowDirectIO(ok)
+	}
+}
+
+// allowPassthrough tells the filesystem, if it cares, whether the kernel
+// offered FUSE_PASSTHROUGH, which go-fuse's INIT reply always takes (with
+// a stack depth of 1), and the connection's descriptor for its ioctls.
+func (s *Session) allowPassthrough(ok bool) {
+	if p, isFS := s.fs.(interface{ allowPassthrough(int, bool) }); isFS {
+		p.allowPassthrough(s.fd, ok)
 	}
 }
 
@@ -418,6 +428,7 @@ func (s *Session) handshake() error {
 			}
 		}
 		s.allowDirectIO(kernelOffers(s.initRequest, fuse.CAP_DIRECT_IO_ALLOW_MMAP))
+		s.allowPassthrough(kernelOffers(s.initRequest, fuse.CAP_PASSTHROUGH))
 		return s.reply(in[:n], out, nil)
 	}
 }

@@ -202,6 +202,11 @@ type savedHandle struct {
 	fh, node uint64
 	write    bool
 	dir      bool
+	// io is the handle's io mode, backingID its backing file's id when
+	// passthrough (passthrough.go). Records written before io modes
+	// existed say ioCached, the mode that blocks passthrough.
+	io        ioMode
+	backingID int32
 }
 
 type savedFile struct {
@@ -338,6 +343,12 @@ func (st *savedState) apply(typ byte, body []byte) error {
 		h := savedHandle{fh: r.u64(), node: r.u64()}
 		flags := r.u8()
 		h.write, h.dir = flags&1 != 0, flags&2 != 0
+		switch {
+		case flags&4 != 0:
+			h.io = ioDirect
+		case flags&8 != 0:
+			h.io, h.backingID = ioPassthrough, int32(r.u32())
+		}
 		st.handles[h.fh] = h
 		st.nextHandle = max(st.nextHandle, h.fh+1)
 	case recHandleDrop:
@@ -402,7 +413,16 @@ func handleRecord(dst []byte, h *handle) []byte {
 	if h.of == nil {
 		flags |= 2
 	}
+	switch h.io {
+	case ioDirect:
+		flags |= 4
+	case ioPassthrough:
+		flags |= 8
+	}
 	w.u8(flags)
+	if h.io == ioPassthrough {
+		w.u32(uint32(h.n.io.backingID))
+	}
 	return frame(dst, recHandle, w.b)
 }
 

@@ -1,0 +1,480 @@
+package fusefs
+
+import (
+	"container/list"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// DiskCache keeps blob content that reads fetched in files on a local disk,
+// so that a block evicted from memory, or read again by another handle or
+// another mount of the process, comes from disk instead of the store; a
+// file wholly on disk is opened with FUSE passthrough (passthrough.go), and
+// the kernel then reads it without asking blobfs at all.
+//
+// One cache file holds one version of one blob: it is keyed by the
+// mount's namespace (which store), the blob's name and its ETag, so a
+// rewritten blob is never served from the old version's file (that file
+// ages out). Cache files are sparse; which diskUnit-sized pieces of the
+// blob they hold is kept in memory, a piece being marked only once its
+// bytes are written. The cache does not outlive its process: OpenDiskCache
+// empties the directory (an exclusive flock keeps two processes from
+// sharing it), because the record of what a file holds is in memory only.
+//
+// Size is bounded by capacity, counting every piece held; whole files are
+// evicted, least recently used first. A file that a reader is using (a
+// pread in progress, a passthrough handle) is pinned and is not evicted.
+type DiskCache struct {
+	dir      string
+	lock     *os.File
+	capacity int64
+
+	mu      sync.Mutex
+	entries map[diskKey]*diskEntry
+	lru     *list.List // unpinned entries; front is the most recently used
+	used    int64
+	seq     uint64
+	closed  bool
+
+	// hitBytes counts bytes read from cache files, storedBytes bytes
+	// written into them.
+	hitBytes, storedBytes atomic.Int64
+	// writeErr is the last failed write, reported once (Err).
+	writeErr atomic.Pointer[error]
+}
+
+// diskUnit is the granularity of what a cache file is known to hold: a
+// random read's chunk (chunkcache.go), so that chunks and blocks both land
+// on whole units.
+const diskUnit = randomChunk
+
+type diskKey struct {
+	ns, name, etag string
+}
+
+type diskEntry struct {
+	key     diskKey
+	path    string
+	f       *os.File
+	size    int64    // the blob's size
+	present []uint64 // bitmap of units held
+	held    int64    // units held
+	bytes   int64    // bytes the held units count for (the last may be short)
+	pins    int
+	elem    *list.Element // in lru while unpinned
+	gone    bool          // evicted: closed and removed once unpinned
+}
+
+// OpenDiskCache opens (creating it if needed) dir as a disk cache of at
+// most capacity bytes. Files a previous process left there are removed.
+func OpenDiskCache(dir string, capacity int64) (*DiskCache, error) {
+	if capacity <= 0 {
+		return nil, fmt.Errorf("disk cache: capacity %d: must be positive", capacity)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("disk cache: %w", err)
+	}
+	lock, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("disk cache: %w", err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("disk cache %s is in use by another blobfs process: give each its own directory", dir)
+		}
+		return nil, fmt.Errorf("disk cache %s: lock: %w", dir, err)
+	}
+	names, err := lock.Readdirnames(-1)
+	if err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("disk cache %s: %w", dir, err)
+	}
+	for _, name := range names {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			lock.Close()
+			return nil, fmt.Errorf("disk cache %s: emptying it: %w", dir, err)
+		}
+	}
+	return &DiskCache{
+		dir:      dir,
+		lock:     lock,
+		capacity: capacity,
+		entries:  map[diskKey]*diskEntry{},
+		lru:      list.New(),
+	}, nil
+}
+
+// Close removes every cache file and releases the directory. Files pinned
+// by passthrough handles are unlinked; the kernel keeps what it has open.
+func (c *DiskCache) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	for _, e := range c.entries {
+		c.dropLocked(e)
+	}
+	return c.lock.Close()
+}
+
+// Dir is the cache's directory.
+func (c *DiskCache) Dir() string { return c.dir }
+
+// Usage returns the bytes held and the capacity.
+func (c *DiskCache) Usage() (used, capacity int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.used, c.capacity
+}
+
+// HitBytes is how many bytes reads took from the cache's files.
+func (c *DiskCache) HitBytes() int64 { return c.hitBytes.Load() }
+
+// unitsOf returns the units a range [off, end) of a blob of the given size
+// wholly covers, as [first, last): a unit is covered when its bytes, up to
+// the end of the blob, all lie in the range.
+func unitsOf(off, end, size int64) (first, last int64) {
+	first = (off + diskUnit - 1) / diskUnit
+	if end >= size {
+		last = (size + diskUnit - 1) / diskUnit
+	} else {
+		last = end / diskUnit
+	}
+	return first, max(last, first)
+}
+
+func (e *diskEntry) has(i int64) bool { return e.present[i/64]&(1<<(i%64)) != 0 }
+
+// read copies the bytes [off, off+len(p)) of the blob (clamped to its size)
+// from its cache file when the file holds all of them. ok is false when it
+// does not; the caller then asks the store.
+func (c *DiskCache) read(ns, name, etag string, size int64, p []byte, off int64) (n int, ok bool) {
+	end := min(off+int64(len(p)), size)
+	if etag == "" || off >= end {
+		return 0, false
+	}
+	c.mu.Lock()
+	e := c.entries[diskKey{ns, name, etag}]
+	if e == nil || e.size != size {
+		c.mu.Unlock()
+		return 0, false
+	}
+	for i := off / diskUnit; i <= (end-1)/diskUnit; i++ {
+		if !e.has(i) {
+			c.mu.Unlock()
+			return 0, false
+		}
+	}
+	c.pinLocked(e)
+	c.mu.Unlock()
+	defer c.unpin(e)
+	got, err := e.f.ReadAt(p[:end-off], off)
+	if err != nil || int64(got) != end-off {
+		return 0, false
+	}
+	c.hitBytes.Add(int64(got))
+	return got, true
+}
+
+// holds tells whether the cache file of a blob holds [off, end).
+func (c *DiskCache) holds(ns, name, etag string, size, off, end int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[diskKey{ns, name, etag}]
+	if e == nil || e.size != size {
+		return false
+	}
+	for i := off / diskUnit; i <= (min(end, size)-1)/diskUnit; i++ {
+		if !e.has(i) {
+			return false
+		}
+	}
+	return true
+}
+
+// store writes data, the blob's bytes at off, into its cache file, making
+// the file (and room for it) if needed. It keeps only the units data
+// wholly covers. Failures are not the reader's: the bytes were fetched;
+// the cache only misses them later (Err reports the last failure).
+func (c *DiskCache) store(ns, name, etag string, size int64, data []byte, off int64) {
+	if etag == "" || len(data) == 0 || size > c.capacity {
+		return
+	}
+	first, last := unitsOf(off, off+int64(len(data)), size)
+	if first >= last {
+		return
+	}
+	key := diskKey{ns, name, etag}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	e := c.entries[key]
+	if e != nil && e.size != size {
+		c.dropLocked(e) // the same ETag with another size: not to be trusted
+		e = nil
+	}
+	var need int64
+	for i := first; i < last; i++ {
+		if e == nil || !e.has(i) {
+			need += unitBytes(i, size)
+		}
+	}
+	if need == 0 {
+		if e.elem != nil {
+			c.lru.MoveToFront(e.elem)
+		}
+		c.mu.Unlock()
+		return
+	}
+	if !c.makeRoomLocked(need, e) {
+		c.mu.Unlock()
+		return
+	}
+	if e == nil {
+		c.seq++
+		e = &diskEntry{
+			key:     key,
+			path:    filepath.Join(c.dir, fmt.Sprintf("%016x", c.seq)),
+			size:    size,
+			present: make([]uint64, ((size+diskUnit-1)/diskUnit+63)/64),
+		}
+		f, err := os.OpenFile(e.path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			c.mu.Unlock()
+			c.failed(err)
+			return
+		}
+		e.f = f
+		c.entries[key] = e
+	}
+	// The room is taken now, so that writers of other files do not
+	// overcommit it while this one writes.
+	c.used += need
+	e.bytes += need
+	c.pinLocked(e)
+	c.mu.Unlock()
+
+	from, to := first*diskUnit, min(last*diskUnit, size)
+	_, err := e.f.WriteAt(data[from-off:to-off], from)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.gone { // dropped meanwhile, its bytes with it
+		c.unpinLocked(e)
+		return
+	}
+	if err != nil {
+		c.unpinLocked(e)
+		c.dropLocked(e)
+		c.failed(err)
+		return
+	}
+	for i := first; i < last; i++ {
+		if !e.has(i) {
+			e.present[i/64] |= 1 << (i % 64)
+			e.held++
+		} else {
+			// Marked by a concurrent write of the same bytes, which
+			// counted it too.
+			c.used -= unitBytes(i, size)
+			e.bytes -= unitBytes(i, size)
+		}
+	}
+	c.storedBytes.Add(to - from)
+	c.unpinLocked(e)
+}
+
+func unitBytes(i, size int64) int64 { return min(diskUnit, size-i*diskUnit) }
+
+func (c *DiskCache) failed(err error) {
+	err = fmt.Errorf("disk cache %s: %w", c.dir, err)
+	c.writeErr.Store(&err)
+}
+
+// Err returns the last failure to write a cache file (a full disk, say),
+// and forgets it.
+func (c *DiskCache) Err() error {
+	if p := c.writeErr.Swap(nil); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// complete returns the cache file of a blob held whole, pinned (the caller
+// unpins it), or nil.
+func (c *DiskCache) complete(ns, name, etag string, size int64) *diskEntry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[diskKey{ns, name, etag}]
+	if e == nil || e.size != size || e.held != (size+diskUnit-1)/diskUnit || size == 0 {
+		return nil
+	}
+	c.pinLocked(e)
+	return e
+}
+
+// makeRoomLocked evicts unpinned files, least recently used first, until
+// need more bytes fit; keep is never evicted. It reports whether they fit.
+func (c *DiskCache) makeRoomLocked(need int64, keep *diskEntry) bool {
+	for c.used+need > c.capacity {
+		el := c.lru.Back()
+		for el != nil && el.Value.(*diskEntry) == keep {
+			el = el.Prev()
+		}
+		if el == nil {
+			return false
+		}
+		c.dropLocked(el.Value.(*diskEntry))
+	}
+	return true
+}
+
+func (c *DiskCache) pinLocked(e *diskEntry) {
+	e.pins++
+	if e.elem != nil {
+		c.lru.Remove(e.elem)
+		e.elem = nil
+	}
+}
+
+func (c *DiskCache) unpin(e *diskEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.unpinLocked(e)
+}
+
+func (c *DiskCache) unpinLocked(e *diskEntry) {
+	e.pins--
+	switch {
+	case e.pins > 0:
+	case e.gone:
+		e.f.Close()
+	default:
+		e.elem = c.lru.PushFront(e)
+	}
+}
+
+// dropLocked forgets e and removes its file; its descriptor is closed
+// now, or by the last unpin if a reader still uses it.
+func (c *DiskCache) dropLocked(e *diskEntry) {
+	if e.gone {
+		return
+	}
+	e.gone = true
+	if c.entries[e.key] == e {
+		delete(c.entries, e.key)
+	}
+	if e.elem != nil {
+		c.lru.Remove(e.elem)
+		e.elem = nil
+	}
+	c.used -= e.bytes
+	os.Remove(e.path)
+	if e.pins == 0 {
+		e.f.Close()
+	}
+}
+
+// diskTier is the disk cache as one mount's block and chunk caches see it:
+// below them, above the store. Its methods do nothing on a nil tier (no
+// disk cache).
+type diskTier struct {
+	cache *DiskCache
+	ns    string
+	hits  atomic.Int64 // bytes read from the cache (Stats.DiskReadBytes)
+}
+
+// read answers a fetch from disk when the cache file holds the range.
+func (t *diskTier) read(name, etag string, size int64, p []byte, off int64) (int, bool) {
+	if t == nil {
+		return 0, false
+	}
+	n, ok := t.cache.read(t.ns, name, etag, size, p, off)
+	if ok {
+		t.hits.Add(int64(n))
+	}
+	return n, ok
+}
+
+// keep writes what a fetch got from the store into the cache file.
+func (t *diskTier) keep(name, etag string, size int64, data []byte, off int64) {
+	if t != nil {
+		t.cache.store(t.ns, name, etag, size, data, off)
+	}
+}
+
+// fillWorkers is how many GETs a fill (FS.fillDisk) keeps in flight.
+const fillWorkers = 4
+
+// fillDisk fetches a file that a handle reads at random into the disk
+// cache, whole, in the background, as blobfuse2's file cache does at open:
+// random reads then come from disk as soon as their part is there, and on
+// a read-only mount the next open of the file is passthrough. Only files of
+// at most a quarter of the cache, one fill per file version at a time; the
+// bytes count as fetched for reads (Stats.FetchedBytes).
+func (fs *FS) fillDisk(path, etag string, size int64) {
+	if fs.disk == nil || etag == "" || size > fs.disk.cache.capacity/4 {
+		return
+	}
+	key := blockKey{name: path, etag: etag}
+	fs.mu.Lock()
+	if fs.filling[key] {
+		fs.mu.Unlock()
+		return
+	}
+	if fs.filling == nil {
+		fs.filling = map[blockKey]bool{}
+	}
+	fs.filling[key] = true
+	fs.mu.Unlock()
+	bs := fs.opts.ReadBlockSize
+	offs := make(chan int64)
+	var failed atomic.Pointer[error]
+	var workers sync.WaitGroup
+	for range fillWorkers {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			buf := make([]byte, bs)
+			for off := range offs {
+				n := min(bs, size-off)
+				got, err := fs.store.ReadAt(fs.ctx, path, buf[:n], off, etag)
+				fs.fetched.Add(int64(got))
+				if err != nil && !errors.Is(err, io.EOF) {
+					failed.CompareAndSwap(nil, &err)
+					continue
+				}
+				fs.disk.keep(path, etag, size, buf[:got], off)
+			}
+		}()
+	}
+	fs.bg.Add(1)
+	go func() {
+		defer fs.bg.Done()
+		for off := int64(0); off < size && failed.Load() == nil && fs.ctx.Err() == nil; off += bs {
+			if !fs.disk.cache.holds(fs.disk.ns, path, etag, size, off, off+bs) {
+				offs <- off
+			}
+		}
+		close(offs)
+		workers.Wait()
+		if p := failed.Load(); p != nil && fs.ctx.Err() == nil {
+			fs.log.Debug("disk cache: fetching a file whole stopped", "path", path, "err", *p)
+		}
+		fs.mu.Lock()
+		delete(fs.filling, key)
+		fs.mu.Unlock()
+	}()
+}

@@ -1,0 +1,384 @@
+package fusefs
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+func openDiskCache(t *testing.T, capacity int64) *DiskCache {
+	t.Helper()
+	c, err := OpenDiskCache(t.TempDir(), capacity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func cacheFiles(t *testing.T, c *DiskCache) []string {
+	t.Helper()
+	names, err := filepath.Glob(filepath.Join(c.Dir(), "*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// What a cache file holds is known by units; a range is served only when
+// every unit under it was written, the last unit of a blob being short.
+func TestDiskCacheUnits(t *testing.T) {
+	c := openDiskCache(t, 1<<30)
+	size := int64(3*diskUnit + 100)
+	data := pattern(int(size), 3)
+	buf := make([]byte, 2*diskUnit)
+
+	// Half a unit covers none: nothing kept, nothing served.
+	c.store("ns", "a", `"1"`, size, data[:diskUnit/2], 0)
+	if _, ok := c.read("ns", "a", `"1"`, size, buf[:10], 0); ok {
+		t.Fatal("a range never wholly written was served")
+	}
+	// Units 1 and 2, written by a range that starts mid-unit 0.
+	c.store("ns", "a", `"1"`, size, data[diskUnit/2:3*diskUnit], diskUnit/2)
+	if n, ok := c.read("ns", "a", `"1"`, size, buf, diskUnit); !ok || !bytes.Equal(buf[:n], data[diskUnit:3*diskUnit]) {
+		t.Fatalf("units 1-2: %d, %v", n, ok)
+	}
+	if _, ok := c.read("ns", "a", `"1"`, size, buf[:10], diskUnit-5); ok {
+		t.Fatal("a range reaching into unit 0, never wholly written, was served")
+	}
+	if c.complete("ns", "a", `"1"`, size) != nil {
+		t.Fatal("complete with units 0 and 3 missing")
+	}
+	// The short last unit, then unit 0: the blob is whole.
+	c.store("ns", "a", `"1"`, size, data[3*diskUnit:], 3*diskUnit)
+	c.store("ns", "a", `"1"`, size, data[:diskUnit], 0)
+	e := c.complete("ns", "a", `"1"`, size)
+	if e == nil {
+		t.Fatal("not complete with every unit written")
+	}
+	whole, err := os.ReadFile(e.path)
+	c.unpin(e)
+	if err != nil || !bytes.Equal(whole, data) {
+		t.Fatalf("the cache file is not the blob: %d bytes, %v", len(whole), err)
+	}
+	// Reads past the end are clamped to it.
+	if n, ok := c.read("ns", "a", `"1"`, size, buf, 3*diskUnit); !ok || n != 100 || !bytes.Equal(buf[:n], data[3*diskUnit:]) {
+		t.Fatalf("tail: %d, %v", n, ok)
+	}
+	if used, _ := c.Usage(); used != size {
+		t.Errorf("usage %d, want the blob's size %d", used, size)
+	}
+	// Another version, another namespace, another size: misses.
+	for _, k := range [][3]string{{"ns", "a", `"2"`}, {"other", "a", `"1"`}, {"ns", "b", `"1"`}} {
+		if _, ok := c.read(k[0], k[1], k[2], size, buf[:10], 0); ok {
+			t.Errorf("%v served from the cache of ns/a/\"1\"", k)
+		}
+	}
+	if _, ok := c.read("ns", "a", `"1"`, size+1, buf[:10], 0); ok {
+		t.Error("served for another size")
+	}
+	// No ETag, no caching.
+	c.store("ns", "c", "", 10, data[:10], 0)
+	if _, ok := c.read("ns", "c", "", 10, buf[:10], 0); ok {
+		t.Error("a blob without ETag was cached")
+	}
+}
+
+// Files are evicted least recently used first, never while pinned, and the
+// capacity holds.
+func TestDiskCacheEviction(t *testing.T) {
+	const blob = 4 * diskUnit
+	c := openDiskCache(t, 3*blob)
+	data := pattern(blob, 5)
+	put := func(name string) { c.store("ns", name, `"e"`, blob, data, 0) }
+	has := func(name string) bool {
+		_, ok := c.read("ns", name, `"e"`, blob, make([]byte, 1), 0)
+		return ok
+	}
+	put("a")
+	put("b")
+	put("c")
+	pinned := c.complete("ns", "a", `"e"`, blob) // a pinned, as by a passthrough handle
+	if pinned == nil {
+		t.Fatal("a not complete")
+	}
+	has("b") // b used: c is now the least recent unpinned
+	put("d")
+	if !has("a") || !has("b") || has("c") || !has("d") {
+		t.Fatalf("after d: a %v b %v c %v d %v; want c evicted (a pinned, b used)", has("a"), has("b"), has("c"), has("d"))
+	}
+	if n := len(cacheFiles(t, c)); n != 3 {
+		t.Errorf("%d cache files, want 3", n)
+	}
+	c.unpin(pinned)
+	put("e")
+	put("f")
+	put("g")
+	if has("a") {
+		t.Error("a, unpinned, survived three puts into a cache of three")
+	}
+	if used, capacity := c.Usage(); used > capacity {
+		t.Errorf("used %d over capacity %d", used, capacity)
+	}
+	// A blob larger than the whole cache is not kept.
+	big := pattern(4*blob, 1)
+	c.store("ns", "big", `"e"`, int64(len(big)), big, 0)
+	if _, ok := c.read("ns", "big", `"e"`, int64(len(big)), make([]byte, 1), 0); ok {
+		t.Error("a blob larger than the cache was kept")
+	}
+}
+
+// One process per directory; a new process starts from an empty one.
+func TestDiskCacheDirectory(t *testing.T) {
+	dir := t.TempDir()
+	c, err := OpenDiskCache(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.store("ns", "a", `"1"`, 10, []byte("0123456789"), 0)
+	if _, err := OpenDiskCache(dir, 1<<20); err == nil || !strings.Contains(err.Error(), "in use by another blobfs process") {
+		t.Fatalf("second open of a directory in use: %v", err)
+	}
+	// Left behind as by a crash: the lock goes with the process.
+	c.lock.Close()
+	c2, err := OpenDiskCache(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if names := cacheFiles(t, c2); len(names) != 0 {
+		t.Fatalf("files of the previous process kept: %v", names)
+	}
+	if _, err := OpenDiskCache(t.TempDir(), 0); err == nil {
+		t.Error("a capacity of 0 was accepted")
+	}
+}
+
+// Through a read-write mount: a file read once is read again from the disk
+// cache, through blobfs, never from the store; writes work as without it.
+func TestDiskCacheThroughMount(t *testing.T) {
+	const size = 40 << 20 // five read blocks, more than the memory cache holds
+	data := pattern(size, 9)
+	mem := blobstore.NewMemory()
+	putBlob(t, mem, "big", data, nil)
+	dc := openDiskCache(t, 1<<30)
+	mnt, fsys := mountStore(t, mem, Options{DiskCache: dc, StoreID: "mem", BlockCacheBytes: 16 << 20})
+	path := join(mnt, "big")
+
+	readAll(t, path, data)
+	first := fsys.Stats()
+	if first.FetchedBytes < size {
+		t.Fatalf("first read fetched %d bytes of %d", first.FetchedBytes, size)
+	}
+	readAll(t, path, data)
+	s := fsys.Stats()
+	if s.FetchedBytes != first.FetchedBytes {
+		t.Errorf("read from the store again (%d bytes) with the file on disk", s.FetchedBytes-first.FetchedBytes)
+	}
+	if got := s.DiskReadBytes - first.DiskReadBytes; got < size/2 {
+		t.Errorf("%d bytes read from disk; want most of the file (the rest from the memory cache)", got)
+	}
+	if s.PassthroughOpens != 0 {
+		t.Errorf("%d passthrough opens on a read-write mount", s.PassthroughOpens)
+	}
+
+	// A write through the mount replaces the blob; reads see it, not the
+	// cache file of the version before.
+	w, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	update := []byte("written through the mount")
+	if _, err := w.WriteAt(update, size/2); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	copy(data[size/2:], update)
+	readAll(t, path, data)
+}
+
+// readAll reads path whole and compares it with want, then drops its pages
+// from the kernel's cache so that the next read reaches the filesystem.
+func readAll(t *testing.T, path string, want []byte) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got, err := io.ReadAll(f)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read %d bytes, %v; equal %v", len(got), err, bytes.Equal(got, want))
+	}
+	unix_fadviseDontNeed(f)
+}
+
+// On a read-only mount, a file the disk cache holds whole is opened with
+// FUSE passthrough: the kernel reads the cache file, blobfs sees no READ.
+// Opens of one file in every order: none fails (the kernel answers EIO
+// when a server mixes passthrough and other opens of an inode), and each
+// reads what passthrough.go says.
+func TestPassthroughReadOnlyMount(t *testing.T) {
+	data := pattern(20<<20, 2)
+	mem := blobstore.NewMemory()
+	putBlob(t, mem, "f", data, nil)
+	dc := openDiskCache(t, 1<<30)
+	mnt, fsys := mountStore(t, mem, Options{DiskCache: dc, StoreID: "mem", ReadOnly: true})
+	path := join(mnt, "f")
+	readAll(t, path, data)
+	first := fsys.Stats()
+	if first.PassthroughOpens != 0 {
+		t.Fatalf("%d passthrough opens before the file was on disk", first.PassthroughOpens)
+	}
+
+	r1, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r1.Close()
+	if got, err := io.ReadAll(r1); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("passthrough read: %d bytes, %v", len(got), err)
+	}
+	s := fsys.Stats()
+	if s.PassthroughOpens != 1 {
+		t.Fatalf("passthrough opens %d, want 1 (is FUSE passthrough available? kernel %s)", s.PassthroughOpens, kernelRelease())
+	}
+	if s.ReadBytes != first.ReadBytes || s.FetchedBytes != first.FetchedBytes {
+		t.Errorf("a passthrough read went through blobfs: read %d -> %d, fetched %d -> %d",
+			first.ReadBytes, s.ReadBytes, first.FetchedBytes, s.FetchedBytes)
+	}
+	// mmap of a passthrough file.
+	m, err := syscall.Mmap(int(r1.Fd()), 0, len(data), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatalf("mmap of a passthrough file: %v", err)
+	}
+	if !bytes.Equal(m[:1<<20], data[:1<<20]) {
+		t.Error("the mapping differs from the blob")
+	}
+	syscall.Munmap(m)
+
+	// The blob replaced by another client while r1 is open: a new open
+	// joins r1's backing file (any other open would fail) and reads the
+	// version r1 reads.
+	other := pattern(1<<20, 8)
+	putBlob(t, mem, "f", other, nil)
+	time.Sleep(1100 * time.Millisecond) // past the attribute timeout
+	r2, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("open while a passthrough handle is open on the old version: %v", err)
+	}
+	head := make([]byte, 4096)
+	if _, err := r2.ReadAt(head, 0); err != nil || !bytes.Equal(head, data[:4096]) {
+		t.Fatalf("the joining open read %v, equal to the old version %v", err, bytes.Equal(head, data[:4096]))
+	}
+	r2.Close()
+	r1.Close()
+	// All closed: the next open reads the new version.
+	waitFor(t, "the replaced blob read through the mount", func() bool {
+		f, err := os.Open(path)
+		if err != nil {
+			return false
+		}
+		defer f.Close()
+		got, err := io.ReadAll(f)
+		unix_fadviseDontNeed(f)
+		return err == nil && bytes.Equal(got, other)
+	})
+	// RELEASE follows the last close asynchronously.
+	waitFor(t, "no handle counted once all are closed", func() bool {
+		fsys.mu.Lock()
+		defer fsys.mu.Unlock()
+		for _, n := range fsys.nodes.byID {
+			if n.io != (ioOpens{}) {
+				t.Logf("node %s: io modes %+v", n.name, n.io)
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func kernelRelease() string {
+	var u syscall.Utsname
+	if syscall.Uname(&u) != nil {
+		return "?"
+	}
+	var b []byte
+	for _, c := range u.Release {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}
+
+// A file read at random is fetched whole into the disk cache in the
+// background: later random reads need no GET, and on a read-only mount the
+// next open is passthrough.
+func TestRandomReadsFillDiskCache(t *testing.T) {
+	const size = 32 << 20
+	data := pattern(size, 4)
+	mem := blobstore.NewMemory()
+	putBlob(t, mem, "r", data, nil)
+	dc := openDiskCache(t, 1<<30)
+	mnt, fsys := mountStore(t, mem, Options{DiskCache: dc, StoreID: "mem", ReadOnly: true})
+	f, err := os.Open(join(mnt, "r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	pread := func(off int64) {
+		t.Helper()
+		if _, err := f.ReadAt(buf, off); err != nil || !bytes.Equal(buf, data[off:off+4096]) {
+			t.Fatalf("pread at %d: %v", off, err)
+		}
+	}
+	pread(size / 2) // the first read not at 0: random
+	waitFor(t, "the file whole in the disk cache", func() bool {
+		if e := dc.complete("mem", "r", fsys.nodeETag(t, "r"), size); e != nil {
+			dc.unpin(e)
+			return true
+		}
+		return false
+	})
+	before := fsys.Stats()
+	if before.FetchedBytes > size+2*randomChunk {
+		t.Errorf("fetched %d bytes for a file of %d", before.FetchedBytes, size)
+	}
+	for off := int64(12345); off < size-4096; off += 3 << 20 {
+		pread(off)
+	}
+	if s := fsys.Stats(); s.FetchedBytes != before.FetchedBytes {
+		t.Errorf("random reads of a file whole on disk fetched %d bytes", s.FetchedBytes-before.FetchedBytes)
+	}
+	f.Close()
+	readAll(t, join(mnt, "r"), data)
+	if s := fsys.Stats(); s.PassthroughOpens != 1 {
+		t.Errorf("passthrough opens %d after the fill, want 1", s.PassthroughOpens)
+	}
+}
+
+// nodeETag is the ETag the mount knows for the file at path.
+func (fs *FS) nodeETag(t *testing.T, path string) string {
+	t.Helper()
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	for _, n := range fs.nodes.byID {
+		if n.name == path && n.kind == kindFile {
+			return n.etag
+		}
+	}
+	t.Fatalf("no node %s", path)
+	return ""
+}
