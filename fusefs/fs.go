@@ -58,7 +58,7 @@ type FS struct {
 	// bytes READs returned from the store's content, fetched the bytes
 	// downloaded for reads (blocks, read-ahead, prefetch, chunks): their
 	// ratio is the read amplification (Stats).
-	chunks             *chunkCache
+	chunks *chunkCache
 	// disk is the disk cache under the block and chunk caches; nil
 	// without one. passthrough opens files it holds whole so that the
 	// kernel reads them itself (passthrough.go).
@@ -66,7 +66,7 @@ type FS struct {
 	passthrough passthrough
 	// filling: the file versions being fetched whole into the disk
 	// cache (fillDisk); guarded by mu.
-	filling map[blockKey]bool
+	filling            map[blockKey]bool
 	readBytes, fetched atomic.Int64
 	// blockBufs recycles the buffers of streamed blocks (*[]byte of
 	// UploadBlockSize bytes); uploadSlots bounds how many are in use.
