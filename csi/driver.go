@@ -25,14 +25,18 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs"
 )
 
 // Defaults of Config.
 const (
-	DefaultDriverName  = "blob.csi.blobfs.io"
-	DefaultKubeletDir  = "/var/lib/kubelet"
-	DefaultCacheDir    = "/var/lib/blobfs/csi-cache"
-	defaultHealthEvery = 30 * time.Second
+	DefaultDriverName = "blob.csi.blobfs.io"
+	DefaultKubeletDir = "/var/lib/kubelet"
+	DefaultCacheDir   = "/var/lib/blobfs/csi-cache"
+	// DefaultDiskCacheDir is where `blobfs csi --disk-cache-mb` keeps
+	// the node's disk cache by default.
+	DefaultDiskCacheDir = "/var/lib/blobfs/disk-cache"
+	defaultHealthEvery  = 30 * time.Second
 )
 
 // Config is everything the driver is told; cmd turns flags into one. New
@@ -59,6 +63,11 @@ type Config struct {
 	// CacheDir holds the spill files of every mount, one subdirectory per
 	// volume. Default /var/lib/blobfs/csi-cache.
 	CacheDir string
+	// DiskCache, when set, is the disk cache of every volume of the node
+	// (fusefs.DiskCache): reads are kept on the node's disk, and files held
+	// whole are opened with FUSE passthrough on read-only volumes. Only
+	// with the default (in-process) Mounter.
+	DiskCache *fusefs.DiskCache
 	// MetricsAddress, when set, serves Prometheus metrics at
 	// http://ADDRESS/metrics.
 	MetricsAddress string
@@ -237,6 +246,7 @@ func New(cfg Config) (*Driver, error) {
 		}
 		if cfg.Mounter == nil {
 			bm := NewBlobfsMounter(cfg.Logger, cfg.Metrics)
+			bm.diskCache = cfg.DiskCache
 			if cfg.KeeperSocket != "" {
 				if !filepath.IsAbs(cfg.KeeperSocket) {
 					return nil, fmt.Errorf("keeper socket %q is not an absolute path", cfg.KeeperSocket)

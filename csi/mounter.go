@@ -94,6 +94,8 @@ type BlobfsMounter struct {
 	// keeper, if set (UseKeeper), holds every mount's fds so that the
 	// mounts outlive this process; see keeper.go.
 	keeper *fusefs.KeeperClient
+	// diskCache, if set, is shared by every volume (Config.DiskCache).
+	diskCache *fusefs.DiskCache
 
 	mu     sync.Mutex
 	mounts map[string]*liveMount
@@ -223,6 +225,7 @@ func (m *BlobfsMounter) serve(target string, dir *os.File, fuseFD int, state *os
 		opts.Logger = m.log.With("volume", spec.VolumeID)
 	}
 	opts.State = state
+	opts.DiskCache = m.diskCache
 	fsys, err := fusefs.New(store, opts)
 	if err != nil {
 		return nil, err

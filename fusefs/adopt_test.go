@@ -72,11 +72,19 @@ func serveChild() error {
 		delay, _ := time.ParseDuration(os.Getenv("BLOBFS_TEST_LIST_DELAY"))
 		store = &pagedStore{Store: store, page: page, delay: delay}
 	}
-	fsys, err := New(store, Options{
+	opts := Options{
 		State:    os.NewFile(4, "state"),
 		CacheDir: os.Getenv("BLOBFS_TEST_CACHE"),
 		Logger:   childLogger(),
-	})
+		ReadOnly: os.Getenv("BLOBFS_TEST_READONLY") != "",
+		StoreID:  "local",
+	}
+	if dir := os.Getenv("BLOBFS_TEST_DISK_CACHE"); dir != "" {
+		if opts.DiskCache, err = OpenDiskCache(dir, 1<<30); err != nil {
+			return err
+		}
+	}
+	fsys, err := New(store, opts)
 	if err != nil {
 		return err
 	}

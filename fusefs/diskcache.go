@@ -72,6 +72,9 @@ type diskEntry struct {
 	gone    bool          // evicted: closed and removed once unpinned
 }
 
+// ErrDiskCacheInUse: another process has the disk cache directory open.
+var ErrDiskCacheInUse = errors.New("in use by another blobfs process: give each its own directory")
+
 // OpenDiskCache opens (creating it if needed) dir as a disk cache of at
 // most capacity bytes. Files a previous process left there are removed.
 func OpenDiskCache(dir string, capacity int64) (*DiskCache, error) {
@@ -88,7 +91,7 @@ func OpenDiskCache(dir string, capacity int64) (*DiskCache, error) {
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		lock.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("disk cache %s is in use by another blobfs process: give each its own directory", dir)
+			return nil, fmt.Errorf("disk cache %s: %w", dir, ErrDiskCacheInUse)
 		}
 		return nil, fmt.Errorf("disk cache %s: lock: %w", dir, err)
 	}

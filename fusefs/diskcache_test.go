@@ -382,3 +382,60 @@ func (fs *FS) nodeETag(t *testing.T, path string) string {
 	t.Fatalf("no node %s", path)
 	return ""
 }
+
+// A passthrough handle outlives its server: it reads while no process
+// serves the mount (the kernel reads the cache file), and the next server
+// lets new opens join its backing file (any other open would fail with
+// EIO) and closes the backing id once it is released.
+func TestPassthroughAcrossServerKill(t *testing.T) {
+	h := newRestartHarness(t, "BLOBFS_TEST_READONLY=1", "BLOBFS_TEST_DISK_CACHE="+t.TempDir())
+	data := pattern(8<<20, 6)
+	putBlob(t, h.localStore(), "data", data, nil)
+	h.start()
+	path := join(h.mnt, "data")
+	readAll(t, path, data) // now whole in the disk cache
+	r1, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r1.Close()
+
+	h.kill()
+	// No server: only a passthrough handle can read now.
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, len(data))
+		n, err := r1.ReadAt(buf, 0)
+		if err == nil && !bytes.Equal(buf[:n], data) {
+			err = io.ErrUnexpectedEOF
+		}
+		unix_fadviseDontNeed(r1)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("read through the passthrough handle with no server: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		h.start() // unblock the read before failing
+		t.Fatal("the read waited for a server: the handle is not passthrough")
+	}
+
+	h.start()
+	r2, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("open after the restart, a passthrough handle of the previous server still open: %v", err)
+	}
+	head := make([]byte, 1<<20)
+	if _, err := r2.ReadAt(head, 0); err != nil || !bytes.Equal(head, data[:len(head)]) {
+		t.Fatalf("read through the joining handle: %v", err)
+	}
+	r2.Close()
+	r1.Close()
+	// Once both are released the inode has no backing file: opens work
+	// whatever mode the new server chooses.
+	for range 3 {
+		readAll(t, path, data)
+	}
+}

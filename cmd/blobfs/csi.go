@@ -22,6 +22,8 @@ type csiFlags struct {
 	restartInPlace bool
 	// listCacheMB is the budget of every volume's listing cache together.
 	listCacheMB int64
+	// disk is the node's disk cache (0 MiB: none).
+	disk diskCacheFlags
 }
 
 func registerCSIFlags(fl *pflag.FlagSet, f *csiFlags) {
@@ -43,6 +45,8 @@ func registerCSIFlags(fl *pflag.FlagSet, f *csiFlags) {
 	fl.StringVar(&f.cfg.MetricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, e.g. :9809 (default: off)")
 	fl.StringVar(&f.cfg.KeeperSocket, "keeper-socket", "", "socket of a blobfs keeper that holds the mounts across restarts of this driver (default: none; mounts die with the driver and are mounted again at start-up)")
 	fl.Int64Var(&f.listCacheMB, "list-cache-mb", fusefs.DefaultListCacheBytes>>20, "memory for cached directory listings of every volume of the node together, MiB (about 200 bytes a name); the oldest are dropped first")
+	fl.Int64Var(&f.disk.mb, "disk-cache-mb", 0, "disk space for content read from every volume of the node, MiB (0: no disk cache); files held whole are read by the kernel itself (FUSE passthrough) on read-only volumes")
+	fl.StringVar(&f.disk.dir, "disk-cache-dir", csi.DefaultDiskCacheDir, "directory of the disk cache, on the node's disk; emptied at start")
 	fl.DurationVar(&f.cfg.HealthInterval, "health-interval", 30*time.Second, "how often the node checks its mounts and repairs dead ones (0 disables)")
 	f.log.register(fl)
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "read Secrets (secretName) through this kubeconfig instead of the pod's service account: for a driver run outside a pod")
@@ -65,6 +69,9 @@ func runCSI(f csiFlags) error {
 		return usageError{fmt.Errorf("--list-cache-mb %d: must be between 1 and 1048576 (MiB)", f.listCacheMB)}
 	}
 	fusefs.SetListCacheBytes(f.listCacheMB << 20)
+	if err := f.disk.check(); err != nil {
+		return usageError{err}
+	}
 	if f.cfg.HealthInterval == 0 {
 		f.cfg.HealthInterval = -1 // the flag's 0 disables; Config's 0 means default
 	}
@@ -77,6 +84,12 @@ func runCSI(f csiFlags) error {
 	}
 	f.cfg.Version = version
 	f.cfg.Logger = logger
+	if f.cfg.DiskCache, err = f.disk.open(logger); err != nil {
+		return err
+	}
+	if f.cfg.DiskCache != nil {
+		defer f.cfg.DiskCache.Close()
+	}
 	f.cfg.Metrics = csi.NewMetrics()
 	f.cfg.Metrics.CountDriverRestarts(restartsBefore())
 	if f.kubeconfig != "" {

@@ -36,6 +36,7 @@ type mountConfig struct {
 	fs        fusefs.Options
 	cacheMB   int64
 	listMB    int64
+	disk      diskCacheFlags
 	readMB    int64
 	uploadMB  int64
 	umask     uint
@@ -71,6 +72,8 @@ func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.StringVar(&c.fs.CacheDir, "cache-dir", "", "directory for spill files of files being written (default: a new directory under $TMPDIR)")
 	fl.Int64Var(&c.cacheMB, "block-cache-mb", 256, "memory for the read block cache and read-ahead, MiB")
 	fl.Int64Var(&c.listMB, "list-cache-mb", fusefs.DefaultListCacheBytes>>20, "memory for cached directory listings, MiB (about 200 bytes a name); the oldest are dropped first")
+	fl.Int64Var(&c.disk.mb, "disk-cache-mb", 0, "disk space for content read, MiB (0: no disk cache); on a read-only mount, files held whole are read by the kernel itself (FUSE passthrough)")
+	fl.StringVar(&c.disk.dir, "disk-cache-dir", "", "directory of the disk cache, on a local disk; emptied at mount (default: disk/ in the cache directory)")
 	fl.Int64Var(&c.readMB, "read-block-mb", 8, "size of one ranged read, MiB")
 	fl.Int64Var(&c.uploadMB, "upload-block-mb", 8, "size of one staged upload block, MiB")
 	fl.IntVar(&c.fs.UploadConcurrency, "upload-concurrency", 16, "blocks uploaded in parallel per file (twice as many in flight over all files being written)")
@@ -155,6 +158,8 @@ func (c *mountConfig) checkFlags(fl *pflag.FlagSet) error {
 		return fmt.Errorf("--upload-block-mb %d: must be between 1 and 4000 (MiB; Azure's largest block)", c.uploadMB)
 	case c.listMB < 1 || c.listMB > 1<<20:
 		return fmt.Errorf("--list-cache-mb %d: must be between 1 and 1048576 (MiB)", c.listMB)
+	case c.disk.check() != nil:
+		return c.disk.check()
 	case c.cacheMB < 2*c.readMB:
 		return fmt.Errorf("--block-cache-mb %d: must hold at least two read blocks of --read-block-mb %d, so %d MiB or more", c.cacheMB, c.readMB, 2*c.readMB)
 	case c.fs.UploadConcurrency < 1 || c.fs.UploadConcurrency > 256:
@@ -524,6 +529,16 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 	fusefs.SetListCacheBytes(c.listMB << 20)
 	if kept != nil {
 		opts.State = kept.state
+	}
+	if c.disk.mb > 0 && c.disk.dir == "" {
+		c.disk.dir = filepath.Join(opts.CacheDir, "disk")
+	}
+	if opts.DiskCache, err = c.disk.open(logger); err != nil {
+		ready(err, "")
+		return err
+	}
+	if opts.DiskCache != nil {
+		defer opts.DiskCache.Close()
 	}
 	fsys, err := fusefs.New(store, opts)
 	if err != nil {

@@ -180,11 +180,13 @@ var (
 	volHits       = prometheus.NewDesc("blobfs_volume_cache_hits_total", "Reads answered from the block cache.", []string{"volume"}, nil)
 	volMisses     = prometheus.NewDesc("blobfs_volume_cache_misses_total", "Reads that had to fetch from the store.", []string{"volume"}, nil)
 	volRead       = prometheus.NewDesc("blobfs_volume_read_bytes_total", "Bytes that reads returned from the store's content.", []string{"volume"}, nil)
-	volFetched    = prometheus.NewDesc("blobfs_volume_read_fetched_bytes_total", "Bytes downloaded for reads (blocks, read-ahead, prefetched files, random reads' chunks); divided by blobfs_volume_read_bytes_total, the read amplification.", []string{"volume"}, nil)
+	volFetched    = prometheus.NewDesc("blobfs_volume_read_fetched_bytes_total", "Bytes downloaded for reads (blocks, read-ahead, prefetched files, random reads' chunks, files fetched whole into the disk cache); divided by blobfs_volume_read_bytes_total, the read amplification.", []string{"volume"}, nil)
+	volDiskRead   = prometheus.NewDesc("blobfs_volume_disk_cache_read_bytes_total", "Bytes the mount read from the disk cache instead of the store.", []string{"volume"}, nil)
+	volPassOpens  = prometheus.NewDesc("blobfs_volume_passthrough_opens_total", "Opens of files held whole in the disk cache that the kernel reads itself (FUSE passthrough).", []string{"volume"}, nil)
 )
 
 func (c volumeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{volDirtyFiles, volDirty, volUploading, volSpill, volCache, volInFlight, volHits, volMisses, volRead, volFetched} {
+	for _, d := range []*prometheus.Desc{volDirtyFiles, volDirty, volUploading, volSpill, volCache, volInFlight, volHits, volMisses, volRead, volFetched, volDiskRead, volPassOpens} {
 		ch <- d
 	}
 }
@@ -211,6 +213,8 @@ func (c volumeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(volMisses, prometheus.CounterValue, float64(s.CacheMisses), v.name)
 		ch <- prometheus.MustNewConstMetric(volRead, prometheus.CounterValue, float64(s.ReadBytes), v.name)
 		ch <- prometheus.MustNewConstMetric(volFetched, prometheus.CounterValue, float64(s.FetchedBytes), v.name)
+		ch <- prometheus.MustNewConstMetric(volDiskRead, prometheus.CounterValue, float64(s.DiskReadBytes), v.name)
+		ch <- prometheus.MustNewConstMetric(volPassOpens, prometheus.CounterValue, float64(s.PassthroughOpens), v.name)
 	}
 }
 
