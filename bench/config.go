@@ -20,16 +20,19 @@ const (
 	FigSmallCreate = "small-create"
 	FigSmallList   = "small-list"
 	FigSmallRead   = "small-read"
-	FigFaultyRead  = "faulty-read"
-	FigFaultyWrite = "faulty-write"
-	FigFUSE        = "fuse"
-	FigMemory      = "memory"
+	FigRandRead    = "rand-read"
+	// FigRandReadWarm is FigRandRead with the file in the disk cache.
+	FigRandReadWarm = "rand-read-warm"
+	FigFaultyRead   = "faulty-read"
+	FigFaultyWrite  = "faulty-write"
+	FigFUSE         = "fuse"
+	FigMemory       = "memory"
 )
 
 // FigureIDs returns every figure id in run order.
 func FigureIDs() []string {
 	return []string{FigSeqRead, FigSeqReadWarm, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead,
-		FigFaultyRead, FigFaultyWrite, FigFUSE, FigMemory}
+		FigRandRead, FigRandReadWarm, FigFaultyRead, FigFaultyWrite, FigFUSE, FigMemory}
 }
 
 // optInFigures run only when named. seq-read-warm uploads two more files of
@@ -45,7 +48,7 @@ func DefaultFigureIDs() []string {
 }
 
 // azuriteFigures are the figures that need Azurite.
-var azuriteFigures = []string{FigSeqRead, FigSeqReadWarm, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead}
+var azuriteFigures = []string{FigSeqRead, FigSeqReadWarm, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead, FigRandRead, FigRandReadWarm}
 
 // figureGroups are shorthands accepted by ParseFigures; none holds an
 // opt-in figure.
@@ -53,15 +56,16 @@ var figureGroups = map[string][]string{
 	"all":    DefaultFigureIDs(),
 	"seq":    {FigSeqRead, FigSeqWrite},
 	"small":  {FigSmallCreate, FigSmallList, FigSmallRead},
+	"random": {FigRandRead, FigRandReadWarm},
 	"faulty": {FigFaultyRead, FigFaultyWrite},
 	// azurite: the default figures that need Azurite.
-	"azurite": {FigSeqRead, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead},
+	"azurite": {FigSeqRead, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead, FigRandRead, FigRandReadWarm},
 	// local: every figure that runs without Azurite.
 	"local": {FigFaultyRead, FigFaultyWrite, FigFUSE, FigMemory},
 }
 
 // ParseFigures turns a comma-separated list of figure ids and group names
-// (all, seq, small, faulty, azurite, local) into figure ids in run order.
+// (all, seq, small, random, faulty, azurite, local) into figure ids in run order.
 func ParseFigures(s string) ([]string, error) {
 	want := map[string]bool{}
 	for _, f := range strings.Split(s, ",") {
@@ -76,7 +80,7 @@ func ParseFigures(s string) ([]string, error) {
 			continue
 		}
 		if !slices.Contains(FigureIDs(), f) {
-			return nil, fmt.Errorf("unknown figure %q: use %s, or a group: all, seq, small, faulty, azurite, local", f, strings.Join(FigureIDs(), ", "))
+			return nil, fmt.Errorf("unknown figure %q: use %s, or a group: all, seq, small, random, faulty, azurite, local", f, strings.Join(FigureIDs(), ", "))
 		}
 		want[f] = true
 	}

@@ -19,6 +19,7 @@ const (
 	UnitMBps   = "MB/s" // 10^6 bytes per second
 	UnitGBps   = "GB/s" // 10^9 bytes per second
 	UnitFilesS = "files/s"
+	UnitIOPS   = "IOPS" // reads per second
 	UnitMiB    = "MiB"
 )
 

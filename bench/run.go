@@ -129,6 +129,10 @@ func (r *runner) figure(ctx context.Context, fig string) Row {
 		return r.smallList(ctx)
 	case FigSmallRead:
 		return r.smallRead(ctx)
+	case FigRandRead:
+		return r.randRead(ctx)
+	case FigRandReadWarm:
+		return r.randReadWarm(ctx)
 	case FigFaultyRead:
 		return r.faultyRead(ctx)
 	case FigFaultyWrite:

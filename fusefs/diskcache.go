@@ -48,6 +48,9 @@ type DiskCache struct {
 	hitBytes, storedBytes atomic.Int64
 	// writeErr is the last failed write, reported once (Err).
 	writeErr atomic.Pointer[error]
+	// fills bounds the files being fetched whole (FS.fillDisk) over every
+	// mount of the process: each holds fillWorkers read blocks of memory.
+	fills chan struct{}
 }
 
 // diskUnit is the granularity of what a cache file is known to hold: a
@@ -112,6 +115,7 @@ func OpenDiskCache(dir string, capacity int64) (*DiskCache, error) {
 		capacity: capacity,
 		entries:  map[diskKey]*diskEntry{},
 		lru:      list.New(),
+		fills:    make(chan struct{}, maxFills),
 	}, nil
 }
 
@@ -418,15 +422,20 @@ func (t *diskTier) keep(name, etag string, size int64, data []byte, off int64) {
 	}
 }
 
-// fillWorkers is how many GETs a fill (FS.fillDisk) keeps in flight.
-const fillWorkers = 4
+// fillWorkers is how many GETs a fill (FS.fillDisk) keeps in flight, and
+// maxFills how many fills run at once in a process.
+const (
+	fillWorkers = 4
+	maxFills    = 2
+)
 
 // fillDisk fetches a file that a handle reads at random into the disk
 // cache, whole, in the background, as blobfuse2's file cache does at open:
 // random reads then come from disk as soon as their part is there, and on
 // a read-only mount the next open of the file is passthrough. Only files of
-// at most a quarter of the cache, one fill per file version at a time; the
-// bytes count as fetched for reads (Stats.FetchedBytes).
+// at most a quarter of the cache, one fill per file version at a time, and
+// maxFills at once (others wait their turn); the bytes count as fetched for
+// reads (Stats.FetchedBytes).
 func (fs *FS) fillDisk(path, etag string, size int64) {
 	if fs.disk == nil || etag == "" || size > fs.disk.cache.capacity/4 {
 		return
@@ -442,6 +451,22 @@ func (fs *FS) fillDisk(path, etag string, size int64) {
 	}
 	fs.filling[key] = true
 	fs.mu.Unlock()
+	fs.bg.Add(1)
+	go func() {
+		defer fs.bg.Done()
+		select {
+		case fs.disk.cache.fills <- struct{}{}:
+			defer func() { <-fs.disk.cache.fills }()
+			fs.fillDiskNow(path, etag, size)
+		case <-fs.ctx.Done():
+		}
+		fs.mu.Lock()
+		delete(fs.filling, key)
+		fs.mu.Unlock()
+	}()
+}
+
+func (fs *FS) fillDiskNow(path, etag string, size int64) {
 	bs := fs.opts.ReadBlockSize
 	offs := make(chan int64)
 	var failed atomic.Pointer[error]
@@ -463,21 +488,14 @@ func (fs *FS) fillDisk(path, etag string, size int64) {
 			}
 		}()
 	}
-	fs.bg.Add(1)
-	go func() {
-		defer fs.bg.Done()
-		for off := int64(0); off < size && failed.Load() == nil && fs.ctx.Err() == nil; off += bs {
-			if !fs.disk.cache.holds(fs.disk.ns, path, etag, size, off, off+bs) {
-				offs <- off
-			}
+	for off := int64(0); off < size && failed.Load() == nil && fs.ctx.Err() == nil; off += bs {
+		if !fs.disk.cache.holds(fs.disk.ns, path, etag, size, off, off+bs) {
+			offs <- off
 		}
-		close(offs)
-		workers.Wait()
-		if p := failed.Load(); p != nil && fs.ctx.Err() == nil {
-			fs.log.Debug("disk cache: fetching a file whole stopped", "path", path, "err", *p)
-		}
-		fs.mu.Lock()
-		delete(fs.filling, key)
-		fs.mu.Unlock()
-	}()
+	}
+	close(offs)
+	workers.Wait()
+	if p := failed.Load(); p != nil && fs.ctx.Err() == nil {
+		fs.log.Debug("disk cache: fetching a file whole stopped", "path", path, "err", *p)
+	}
 }

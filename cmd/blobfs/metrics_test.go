@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // freeAddr is a loopback address nobody listens on now.
@@ -169,5 +172,70 @@ func TestMountMetricsAddressInUse(t *testing.T) {
 	}
 	if mounted(t, mp) {
 		t.Error("mounted anyway")
+	}
+}
+
+// TestMountDiskCache: `blobfs mount --read-only --disk-cache-mb` keeps what
+// it read in --disk-cache-dir, and opens a file held whole there with FUSE
+// passthrough (counted in its metrics); after the worker is killed, its
+// successor takes the directory over and serves on.
+func TestMountDiskCache(t *testing.T) {
+	bin := blobfsBin(t)
+	store, mp, disk := t.TempDir(), t.TempDir(), t.TempDir()
+	addr := freeAddr(t)
+	data := make([]byte, 20<<20)
+	for i := range data {
+		data[i] = byte(i * 7 / 5)
+	}
+	if err := os.WriteFile(filepath.Join(store, "data.bin"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "mount", "--local-dir", store, "--read-only", "--disk-cache-mb", "-1", mp).CombinedOutput(); err == nil || !strings.Contains(string(out), "--disk-cache-mb -1: must be between 0") {
+		t.Fatalf("--disk-cache-mb -1: %v\n%s", err, out)
+	}
+	log := filepath.Join(t.TempDir(), "log")
+	out, err := exec.Command(bin, "mount", "--local-dir", store, "--read-only", "--disk-cache-mb", "256", "--disk-cache-dir", disk,
+		"--log-file", log, "--metrics-address", addr, mp).CombinedOutput()
+	if err != nil {
+		t.Fatalf("mount: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		exec.Command(bin, "unmount", mp).Run()
+		syscall.Unmount(mp, syscall.MNT_DETACH)
+		if t.Failed() {
+			b, _ := os.ReadFile(log)
+			t.Logf("log:\n%s", b)
+		}
+	})
+	read := func() {
+		t.Helper()
+		f, err := os.Open(filepath.Join(mp, "data.bin"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		got, err := io.ReadAll(f)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("read through the mount: %d bytes, %v", len(got), err)
+		}
+		unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+	}
+	vol := `{volume="` + mp + `"}`
+	read()
+	if files, _ := os.ReadDir(disk); len(files) != 1 {
+		t.Errorf("%d files in --disk-cache-dir after reading one file, want 1", len(files))
+	}
+	read()
+	if got, _ := metricValue(scrape(t, addr), "blobfs_volume_passthrough_opens_total"+vol); got != 1 {
+		t.Errorf("passthrough opens %v after the second read of a file held whole, want 1", got)
+	}
+
+	w := waitWorker(t, mp, 0)
+	syscall.Kill(w.pid, syscall.SIGKILL)
+	waitWorker(t, mp, w.pid)
+	read() // the successor: cold cache, from the store
+	read() // held whole again: passthrough
+	if got, _ := metricValue(scrape(t, addr), "blobfs_volume_passthrough_opens_total"+vol); got != 1 {
+		t.Errorf("passthrough opens %v in the successor after two reads, want 1", got)
 	}
 }

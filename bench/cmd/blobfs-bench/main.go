@@ -53,7 +53,7 @@ type options struct {
 func newFlags(c *bench.Config, o *options) *flag.FlagSet {
 	fl := flag.NewFlagSet("blobfs-bench", flag.ContinueOnError)
 	fl.Usage = func() {
-		fmt.Fprintf(fl.Output(), "usage: blobfs-bench [flags]\n\nFigures: %s\n(groups: all, seq, small, faulty, azurite, local; \"all\" leaves out %s, which runs when named)\n\n",
+		fmt.Fprintf(fl.Output(), "usage: blobfs-bench [flags]\n\nFigures: %s\n(groups: all, seq, small, random, faulty, azurite, local; \"all\" leaves out %s, which runs when named)\n\n",
 			strings.Join(bench.FigureIDs(), ", "), bench.FigSeqReadWarm)
 		fl.PrintDefaults()
 	}
