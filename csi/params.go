@@ -650,6 +650,12 @@ func parseMountOptions(opts []string, field string) (mountSettings, error) {
 			if n == 0 {
 				s.FS.WalkAhead = -1 // 0 disables, as for blobfs mount
 			}
+		case "write-back":
+			s.FS.WriteBack, err = boolVal()
+		case "write-back-mb":
+			var n int64
+			n, err = intVal(1, 1<<30)
+			s.FS.WriteBackBytes = n << 20
 		case "fuse-readers":
 			var n int64
 			n, err = intVal(1, 64)

@@ -103,12 +103,16 @@ func TestMountOptions(t *testing.T) {
 			t.Errorf("%s: PrefetchFiles %d, %v; want %d", opt, s.FS.PrefetchFiles, err, want)
 		}
 	}
+	if s, err := parseMountOptions([]string{"write-back", "write-back-mb=512"}, "f"); err != nil || !s.FS.WriteBack || s.FS.WriteBackBytes != 512<<20 {
+		t.Errorf("write-back options: %+v, %v", s.FS, err)
+	}
 	d := defaultMountSettings()
 	if !d.Mount.AllowOther || d.FS.Umask != 0 {
 		t.Errorf("CSI defaults: %+v", d)
 	}
 	for _, bad := range []string{"cache-dir=/x", "local-dir=/", "container=x", "log-file=/etc/passwd", "uid=-1", "umask=999",
-		"block-cache-mb=0", "prefetch-files=-1", "attr-timeout=forever", "ro=maybe", "block-cache-mb=8,read-block-mb=8"} {
+		"block-cache-mb=0", "prefetch-files=-1", "attr-timeout=forever", "ro=maybe", "block-cache-mb=8,read-block-mb=8",
+		"write-back=sometimes", "write-back-mb=0"} {
 		if _, err := parseMountOptions([]string{bad}, "f"); err == nil {
 			t.Errorf("mount option %q accepted", bad)
 		}

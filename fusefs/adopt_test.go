@@ -73,11 +73,12 @@ func serveChild() error {
 		store = &pagedStore{Store: store, page: page, delay: delay}
 	}
 	opts := Options{
-		State:    os.NewFile(4, "state"),
-		CacheDir: os.Getenv("BLOBFS_TEST_CACHE"),
-		Logger:   childLogger(),
-		ReadOnly: os.Getenv("BLOBFS_TEST_READONLY") != "",
-		StoreID:  "local",
+		State:     os.NewFile(4, "state"),
+		CacheDir:  os.Getenv("BLOBFS_TEST_CACHE"),
+		Logger:    childLogger(),
+		ReadOnly:  os.Getenv("BLOBFS_TEST_READONLY") != "",
+		WriteBack: os.Getenv("BLOBFS_TEST_WRITEBACK") != "",
+		StoreID:   "local",
 	}
 	if dir := os.Getenv("BLOBFS_TEST_DISK_CACHE"); dir != "" {
 		if opts.DiskCache, err = OpenDiskCache(dir, 1<<30); err != nil {

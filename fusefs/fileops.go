@@ -98,6 +98,15 @@ func (fs *FS) releaseFile(of *openFile) {
 	if !last {
 		return
 	}
+	if fs.opts.WriteBack && fs.ctx.Err() == nil {
+		of.mu.Lock()
+		dirty := of.dirty()
+		of.mu.Unlock()
+		if dirty {
+			fs.writeBackLater(of)
+			return
+		}
+	}
 	if err := of.commit(fs.ctx); err != nil {
 		if blobstore.Retryable(err) && fs.ctx.Err() == nil {
 			fs.log.Warn("upload failed; retrying in the background", "err", err)
@@ -163,6 +172,7 @@ func (fs *FS) retryCommitAfter(of *openFile, first time.Duration) {
 func (fs *FS) keepFailed(of *openFile, err error) {
 	path, _ := fs.pathOf(of.n)
 	kept := of.keepSpill(path)
+	fs.keptFiles.Add(1)
 	if isConflict(err) {
 		// Not a failure of blobfs: the user's own data met another
 		// writer's, and must hear of both.
@@ -601,6 +611,9 @@ func (fs *FS) Flush(_ <-chan struct{}, in *fuse.FlushIn) fuse.Status {
 	if h == nil || h.of == nil {
 		return fuse.EBADF
 	}
+	if !fs.flushNow(h) {
+		return fuse.OK // uploaded after the release (writeback.go)
+	}
 	return fs.commit(h)
 }
 
@@ -650,15 +663,14 @@ func (fs *FS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
 	}
 }
 
-// Sync uploads every dirty file; used before unmounting.
+// Sync uploads every dirty file, those open and those whose upload runs
+// in the background (write-back, retries); used before unmounting.
 func (fs *FS) Sync(ctx context.Context) error {
 	fs.mu.Lock()
 	var files []*openFile
-	seen := map[*openFile]bool{}
-	for _, h := range fs.handles {
-		if h.of != nil && !seen[h.of] {
-			seen[h.of] = true
-			files = append(files, h.of)
+	for _, n := range fs.nodes.byID {
+		if n.file != nil {
+			files = append(files, n.file)
 		}
 	}
 	fs.mu.Unlock()

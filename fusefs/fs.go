@@ -64,6 +64,13 @@ type FS struct {
 	// kernel reads them itself (passthrough.go).
 	disk        *diskTier
 	passthrough passthrough
+	// writeBackPending sums the sizes of the files whose write-back
+	// upload has not ended; writeBackSlots bounds those uploading
+	// (writeback.go). keptFiles counts the files whose data went to
+	// lost+found because it could not be uploaded (Stats.KeptFiles).
+	writeBackPending atomic.Int64
+	writeBackSlots   chan struct{}
+	keptFiles        atomic.Int64
 	// filling: the file versions being fetched whole into the disk
 	// cache (fillDisk); guarded by mu.
 	filling            map[blockKey]bool
@@ -111,22 +118,23 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	fs := &FS{
-		RawFileSystem: fuse.NewDefaultRawFileSystem(),
-		store:         store,
-		opts:          opts,
-		log:           opts.Logger,
-		spillDir:      spillDir,
-		spills:        newSpillPool(spillDir),
-		blocks:        newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes-chunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), opts.MaxReadAheadBlocks),
-		lists:         newListCache(opts.ListTimeout, 1_000_000, opts.WalkAhead),
-		uploadSlots:   make(chan struct{}, 2*opts.UploadConcurrency),
-		ctx:           ctx,
-		cancel:        cancel,
-		nodes:         newNodeTable(),
-		handles:       map[uint64]*handle{},
-		nextHandle:    1,
-		intents:       newIntentLog(),
-		orphansDone:   make(chan struct{}),
+		RawFileSystem:  fuse.NewDefaultRawFileSystem(),
+		store:          store,
+		opts:           opts,
+		log:            opts.Logger,
+		spillDir:       spillDir,
+		spills:         newSpillPool(spillDir),
+		blocks:         newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes-chunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), opts.MaxReadAheadBlocks),
+		lists:          newListCache(opts.ListTimeout, 1_000_000, opts.WalkAhead),
+		uploadSlots:    make(chan struct{}, 2*opts.UploadConcurrency),
+		writeBackSlots: make(chan struct{}, writeBackSlots),
+		ctx:            ctx,
+		cancel:         cancel,
+		nodes:          newNodeTable(),
+		handles:        map[uint64]*handle{},
+		nextHandle:     1,
+		intents:        newIntentLog(),
+		orphansDone:    make(chan struct{}),
 	}
 	fs.blocks.fetched = &fs.fetched
 	fs.passthrough.devFD.Store(-1)
@@ -187,6 +195,11 @@ type Stats struct {
 	// count).
 	DiskReadBytes    int64
 	PassthroughOpens int64
+	// WriteBackBytes: sizes of the closed files whose upload runs in the
+	// background (Options.WriteBack). KeptFiles: files whose data could
+	// not be uploaded and is kept in the cache directory's lost+found.
+	WriteBackBytes int64
+	KeptFiles      int64
 }
 
 // Stats returns the mount's Stats now. It costs a stat of each open file's
@@ -224,6 +237,7 @@ func (fs *FS) Stats() Stats {
 		s.DiskReadBytes = fs.disk.hits.Load()
 	}
 	s.PassthroughOpens = fs.passthrough.opens.Load()
+	s.WriteBackBytes, s.KeptFiles = fs.writeBackPending.Load(), fs.keptFiles.Load()
 	return s
 }
 

@@ -109,6 +109,12 @@ type Options struct {
 	// Logger receives operational messages. Default: slog.Default().
 	Logger *slog.Logger `json:"-"`
 
+	// WriteBack: close returns once a file's data is in its spill file;
+	// the upload runs in the background (writeback.go). fsync still waits
+	// for the store. WriteBackBytes bounds the bytes of closed files
+	// waiting for upload: over it, close uploads first. Default 4 GiB.
+	WriteBack      bool
+	WriteBackBytes int64
 	// DiskCache, if not nil, keeps what reads fetch on a local disk
 	// (diskcache.go), shared with every mount of the process given the
 	// same one; files held whole are opened with FUSE passthrough where
@@ -123,6 +129,10 @@ type Options struct {
 	// request. Nil: the mount dies with its process.
 	State *os.File `json:"-"`
 }
+
+// DefaultWriteBackBytes bounds the bytes waiting for a write-back upload
+// when Options.WriteBackBytes is 0.
+const DefaultWriteBackBytes = 4 << 30
 
 // DefaultBlockCacheBytes is the read block cache's size when
 // Options.BlockCacheBytes is 0.
@@ -163,6 +173,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.WalkAhead == 0 {
 		o.WalkAhead = DefaultWalkAhead
+	}
+	if o.WriteBackBytes == 0 {
+		o.WriteBackBytes = DefaultWriteBackBytes
+	}
+	if o.WriteBackBytes < 0 {
+		return o, fmt.Errorf("write-back bound %d: must not be negative", o.WriteBackBytes)
 	}
 	if o.ReadBlockSize < 64<<10 || o.ReadBlockSize > 256<<20 {
 		return o, fmt.Errorf("read block size %d out of range [64 KiB, 256 MiB]", o.ReadBlockSize)

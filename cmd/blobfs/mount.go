@@ -30,25 +30,27 @@ import (
 // environment.
 type mountConfig struct {
 	// Store selection: a local directory, or an Azure container.
-	localDir  string
-	azure     blobstore.AzureConfig
-	retry     blobstore.RetryPolicy
-	fs        fusefs.Options
-	cacheMB   int64
-	listMB    int64
-	disk      diskCacheFlags
-	readMB    int64
-	uploadMB  int64
-	umask     uint
-	uid, gid  int
-	mount     fusefs.MountOptions
-	fg        bool
-	log       logFlags
-	checkTime time.Duration
-	grace     time.Duration
-	create    bool
-	limit     int
-	nonEmpty  bool
+	localDir string
+	azure    blobstore.AzureConfig
+	retry    blobstore.RetryPolicy
+	fs       fusefs.Options
+	cacheMB  int64
+	listMB   int64
+	disk     diskCacheFlags
+	// writeBackMB is --write-back-mb.
+	writeBackMB int64
+	readMB      int64
+	uploadMB    int64
+	umask       uint
+	uid, gid    int
+	mount       fusefs.MountOptions
+	fg          bool
+	log         logFlags
+	checkTime   time.Duration
+	grace       time.Duration
+	create      bool
+	limit       int
+	nonEmpty    bool
 	// metricsAddr, when set, serves the mount's Prometheus metrics.
 	metricsAddr string
 	// POSIX attributes: the flags given explicitly force what every file
@@ -74,6 +76,8 @@ func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.Int64Var(&c.listMB, "list-cache-mb", fusefs.DefaultListCacheBytes>>20, "memory for cached directory listings, MiB (about 200 bytes a name); the oldest are dropped first")
 	fl.Int64Var(&c.disk.mb, "disk-cache-mb", 0, "disk space for content read, MiB (0: no disk cache); on a read-only mount, files held whole are read by the kernel itself (FUSE passthrough)")
 	fl.StringVar(&c.disk.dir, "disk-cache-dir", "", "directory of the disk cache, on a local disk; emptied at mount (default: disk/ in the cache directory)")
+	fl.BoolVar(&c.fs.WriteBack, "write-back", false, "close returns once the data is on local disk; the upload follows in the background (fsync still waits for the store)")
+	fl.Int64Var(&c.writeBackMB, "write-back-mb", fusefs.DefaultWriteBackBytes>>20, "with --write-back: closed files' bytes that may wait for upload, MiB; over it, close uploads first")
 	fl.Int64Var(&c.readMB, "read-block-mb", 8, "size of one ranged read, MiB")
 	fl.Int64Var(&c.uploadMB, "upload-block-mb", 8, "size of one staged upload block, MiB")
 	fl.IntVar(&c.fs.UploadConcurrency, "upload-concurrency", 16, "blocks uploaded in parallel per file (twice as many in flight over all files being written)")
@@ -160,6 +164,8 @@ func (c *mountConfig) checkFlags(fl *pflag.FlagSet) error {
 		return fmt.Errorf("--list-cache-mb %d: must be between 1 and 1048576 (MiB)", c.listMB)
 	case c.disk.check() != nil:
 		return c.disk.check()
+	case c.writeBackMB < 1 || c.writeBackMB > 1<<30:
+		return fmt.Errorf("--write-back-mb %d: must be between 1 and 1073741824 (MiB)", c.writeBackMB)
 	case c.cacheMB < 2*c.readMB:
 		return fmt.Errorf("--block-cache-mb %d: must hold at least two read blocks of --read-block-mb %d, so %d MiB or more", c.cacheMB, c.readMB, 2*c.readMB)
 	case c.fs.UploadConcurrency < 1 || c.fs.UploadConcurrency > 256:
@@ -354,6 +360,7 @@ func (c *mountConfig) fsOptions(logger *slog.Logger) (fusefs.Options, error) {
 	o.BlockCacheBytes = c.cacheMB << 20
 	o.ReadBlockSize = c.readMB << 20
 	o.UploadBlockSize = c.uploadMB << 20
+	o.WriteBackBytes = c.writeBackMB << 20
 	o.UID, o.GID, o.Umask = uint32(c.uid), uint32(c.gid), uint32(c.umask)
 	o.FileMode, o.DirMode = uint32(c.fileMode), uint32(c.dirMode)
 	o.ForceOwner, o.ForcePerm, o.NoAttrWrites = c.forceOwner, c.forcePerm, !c.posixAttrs

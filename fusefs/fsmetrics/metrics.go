@@ -182,11 +182,13 @@ var (
 	volRead       = prometheus.NewDesc("blobfs_volume_read_bytes_total", "Bytes that reads returned from the store's content.", []string{"volume"}, nil)
 	volFetched    = prometheus.NewDesc("blobfs_volume_read_fetched_bytes_total", "Bytes downloaded for reads (blocks, read-ahead, prefetched files, random reads' chunks, files fetched whole into the disk cache); divided by blobfs_volume_read_bytes_total, the read amplification.", []string{"volume"}, nil)
 	volDiskRead   = prometheus.NewDesc("blobfs_volume_disk_cache_read_bytes_total", "Bytes the mount read from the disk cache instead of the store.", []string{"volume"}, nil)
+	volWriteBack  = prometheus.NewDesc("blobfs_volume_write_back_bytes", "Sizes of the closed files whose upload runs in the background (write-back).", []string{"volume"}, nil)
+	volKept       = prometheus.NewDesc("blobfs_volume_uploads_kept_total", "Files whose data could not be uploaded and was kept in the cache directory's lost+found.", []string{"volume"}, nil)
 	volPassOpens  = prometheus.NewDesc("blobfs_volume_passthrough_opens_total", "Opens of files held whole in the disk cache that the kernel reads itself (FUSE passthrough).", []string{"volume"}, nil)
 )
 
 func (c volumeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{volDirtyFiles, volDirty, volUploading, volSpill, volCache, volInFlight, volHits, volMisses, volRead, volFetched, volDiskRead, volPassOpens} {
+	for _, d := range []*prometheus.Desc{volDirtyFiles, volDirty, volUploading, volSpill, volCache, volInFlight, volHits, volMisses, volRead, volFetched, volDiskRead, volPassOpens, volWriteBack, volKept} {
 		ch <- d
 	}
 }
@@ -215,6 +217,8 @@ func (c volumeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(volFetched, prometheus.CounterValue, float64(s.FetchedBytes), v.name)
 		ch <- prometheus.MustNewConstMetric(volDiskRead, prometheus.CounterValue, float64(s.DiskReadBytes), v.name)
 		ch <- prometheus.MustNewConstMetric(volPassOpens, prometheus.CounterValue, float64(s.PassthroughOpens), v.name)
+		gauge(volWriteBack, float64(s.WriteBackBytes))
+		ch <- prometheus.MustNewConstMetric(volKept, prometheus.CounterValue, float64(s.KeptFiles), v.name)
 	}
 }
 

@@ -1,0 +1,173 @@
+package fusefs
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+func storeHas(t *testing.T, s blobstore.Store, name string, want []byte) bool {
+	t.Helper()
+	a, err := s.Stat(context.Background(), name)
+	if err != nil || a.Size != int64(len(want)) {
+		return false
+	}
+	got := make([]byte, len(want))
+	n, err := s.ReadAt(context.Background(), name, got, 0, "")
+	return (err == nil || n == len(want)) && bytes.Equal(got[:n], want)
+}
+
+// With write-back, close returns before the upload, which follows in the
+// background; fsync still waits for the store; the data reads back
+// through the mount meanwhile; over the bound, close uploads first.
+func TestWriteBack(t *testing.T) {
+	mem := blobstore.NewMemory()
+	const latency = 300 * time.Millisecond
+	slow := blobstore.NewFaulty(mem, blobstore.FaultOptions{})
+	mnt, fsys := mountStore(t, slow, Options{WriteBack: true, WriteBackBytes: 8 << 20})
+	slow.SetOptions(blobstore.FaultOptions{Latency: latency})
+
+	data := pattern(3<<20, 1)
+	start := time.Now()
+	if err := os.WriteFile(join(mnt, "a"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if storeHas(t, mem, "a", data) {
+		t.Fatal("the blob is in the store when close returns: close waited for the upload")
+	}
+	t.Logf("create, write 3 MiB and close: %v (a store call takes %v)", took, latency)
+	if got, err := os.ReadFile(join(mnt, "a")); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back before the upload: %v", err)
+	}
+	if s := fsys.Stats(); s.WriteBackBytes == 0 && !storeHas(t, mem, "a", data) {
+		t.Error("no write-back bytes counted while the upload waits")
+	}
+	waitFor(t, "the background upload", func() bool { return storeHas(t, mem, "a", data) })
+
+	// fsync waits for the store.
+	f, err := os.Create(join(mnt, "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if !storeHas(t, mem, "b", data) {
+		t.Error("the blob is not in the store when fsync returns")
+	}
+	f.Close()
+
+	// Over the bound (8 MiB): close uploads before it returns.
+	big := pattern(12<<20, 2)
+	if err := os.WriteFile(join(mnt, "big"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if !storeHas(t, mem, "big", big) {
+		t.Error("a file over the write-back bound is not in the store when close returns")
+	}
+	waitFor(t, "no write-back bytes left", func() bool { return fsys.Stats().WriteBackBytes == 0 })
+}
+
+// Many files closed at once are uploaded in the background, in parallel,
+// and every one lands; Sync (before unmount) waits for those still going.
+func TestWriteBackManyFiles(t *testing.T) {
+	mem := blobstore.NewMemory()
+	slow := blobstore.NewFaulty(mem, blobstore.FaultOptions{})
+	mnt, fsys := mountStore(t, slow, Options{WriteBack: true})
+	slow.SetOptions(blobstore.FaultOptions{Latency: 50 * time.Millisecond})
+	const n = 40
+	if err := os.Mkdir(join(mnt, "f"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	name := func(i int) string { return fmt.Sprintf("f/%02d", i) }
+	start := time.Now()
+	for i := range n {
+		if err := os.WriteFile(join(mnt, name(i)), pattern(4096, byte(i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d files written and closed in %v", n, time.Since(start))
+	if err := fsys.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if !storeHas(t, mem, name(i), pattern(4096, byte(i))) {
+			t.Errorf("%s not in the store after Sync", name(i))
+		}
+	}
+}
+
+// An upload that can never succeed is retried, then kept in lost+found,
+// and counted; the application's close did not fail.
+func TestWriteBackFailureKept(t *testing.T) {
+	mem := blobstore.NewMemory()
+	faulty := blobstore.NewFaulty(mem, blobstore.FaultOptions{})
+	cache := t.TempDir()
+	mnt, fsys := mountStore(t, faulty, Options{WriteBack: true, CacheDir: cache})
+	faulty.SetOptions(blobstore.FaultOptions{OpErrorRate: map[blobstore.Op]float64{blobstore.OpPut: 1}, Err: blobstore.ErrUnauthorized})
+	data := pattern(5000, 3)
+	if err := os.WriteFile(join(mnt, "denied"), data, 0o644); err != nil {
+		t.Fatalf("close with write-back: %v", err)
+	}
+	waitFor(t, "the file kept in lost+found", func() bool { return fsys.Stats().KeptFiles == 1 })
+	faulty.SetOptions(blobstore.FaultOptions{})
+	found := false
+	filepath.Walk(filepath.Join(cache, "lost+found"), func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			if b, _ := os.ReadFile(p); bytes.Equal(b, data) {
+				found = true
+			}
+		}
+		return nil
+	})
+	if !found {
+		t.Error("the data of the failed upload is not in lost+found")
+	}
+}
+
+// The serving process is SIGKILLed while write-back uploads are pending:
+// its successor finds the spill files in the state region and uploads
+// them; nothing the application closed is lost.
+func TestWriteBackServerKilled(t *testing.T) {
+	h := newRestartHarness(t, "BLOBFS_TEST_WRITEBACK=1")
+	h.start("BLOBFS_TEST_LATENCY=1s")
+	files := map[string][]byte{}
+	for i := range 3 {
+		name := fmt.Sprintf("wb-%d", i)
+		files[name] = pattern(1<<20+i, byte(i))
+		if err := os.WriteFile(join(h.mnt, name), files[name], 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.kill()
+	store := h.localStore()
+	pending := 0
+	for name, data := range files {
+		if !storeHas(t, store, name, data) {
+			pending++
+		}
+	}
+	if pending == 0 {
+		t.Fatal("every upload ended before the kill: the test shows nothing")
+	}
+	h.start()
+	waitFor(t, "every closed file in the store", func() bool {
+		for name, data := range files {
+			if !storeHas(t, store, name, data) {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("%d of %d uploads were pending at the kill; all are in the store", pending, len(files))
+}
