@@ -188,6 +188,26 @@ func (a *azureEnv) download(ctx context.Context, name string, dst []byte) (int, 
 	return n, err
 }
 
+// deleteUnder deletes dir's blobs and its marker, best effort.
+func (a *azureEnv) deleteUnder(ctx context.Context, dir string) {
+	prefix := dir + "/"
+	pager := a.client.NewListBlobsFlatPager(&container.ListBlobsFlatOptions{Prefix: &prefix})
+	for pager.More() {
+		page, err := pager.NextPage(ctx)
+		if err != nil {
+			return
+		}
+		if page.Segment != nil {
+			for _, it := range page.Segment.BlobItems {
+				if it.Name != nil {
+					a.delete(ctx, *it.Name)
+				}
+			}
+		}
+	}
+	a.delete(ctx, dir)
+}
+
 func (a *azureEnv) delete(ctx context.Context, name string) error {
 	_, err := a.blob(name).Delete(ctx, nil)
 	return err

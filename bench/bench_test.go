@@ -146,7 +146,8 @@ func TestParseFigures(t *testing.T) {
 		wantErr bool
 	}{
 		{in: "all", want: DefaultFigureIDs()},
-		{in: "all,seq-read-warm", want: FigureIDs()},
+		{in: "all,seq-read-warm,random,write-back", want: FigureIDs()},
+		{in: "random", want: []string{FigRandRead, FigRandReadWarm}},
 		{in: "memory,seq-read", want: []string{FigSeqRead, FigMemory}},
 		{in: "small, fuse", want: []string{FigSmallCreate, FigSmallList, FigSmallRead, FigFUSE}},
 		{in: "seq,seq-read", want: []string{FigSeqRead, FigSeqWrite}},

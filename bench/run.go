@@ -133,6 +133,10 @@ func (r *runner) figure(ctx context.Context, fig string) Row {
 		return r.randRead(ctx)
 	case FigRandReadWarm:
 		return r.randReadWarm(ctx)
+	case FigWriteBack:
+		return r.writeBackLarge(ctx)
+	case FigWriteBackSmall:
+		return r.writeBackSmall(ctx)
 	case FigFaultyRead:
 		return r.faultyRead(ctx)
 	case FigFaultyWrite:

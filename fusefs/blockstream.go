@@ -54,13 +54,27 @@ func (fs *FS) newBlockStream(name string) *blockStream {
 }
 
 // stageFull starts uploads of every full block below size not yet handed
-// out.
-func (st *blockStream) stageFull(spill *os.File, size int64) error {
+// out. With write-back, a writer does not wait for a slot: the blocks no
+// slot took now go later, or with the commit.
+func (st *blockStream) stageFull(spill io.ReaderAt, size int64) error {
+	return st.stageBlocks(spill, size, !st.fs.opts.WriteBack)
+}
+
+// stageBlocks is stageFull; wait says whether to wait for a free slot.
+func (st *blockStream) stageBlocks(spill io.ReaderAt, size int64, wait bool) error {
 	for size-st.next >= st.bs {
 		if len(st.ids) >= blobstore.MaxBlocks-1 {
 			return errors.New("too many blocks for streaming")
 		}
-		st.fs.uploadSlots <- struct{}{}
+		if wait {
+			st.fs.uploadSlots <- struct{}{}
+		} else {
+			select {
+			case st.fs.uploadSlots <- struct{}{}:
+			default:
+				return nil
+			}
+		}
 		st.mu.Lock()
 		id := blobstore.BlockID(st.nonce, len(st.ids))
 		st.ids = append(st.ids, id)
@@ -74,9 +88,9 @@ func (st *blockStream) stageFull(spill *os.File, size int64) error {
 			st.fs.freeBlockBuf(buf)
 			<-st.fs.uploadSlots
 			st.wg.Done()
-			if staged {
+			if f, ok := spill.(*os.File); ok && staged {
 				// After Done: the commit need not wait for the disk.
-				releaseStagedPages(spill, off, st.bs)
+				releaseStagedPages(f, off, st.bs)
 			}
 		}()
 	}
@@ -149,6 +163,11 @@ func releaseStagedPages(spill *os.File, off, n int64) {
 func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64, opts blobstore.PutOptions) (blobstore.Attrs, error) {
 	if size < st.next {
 		return blobstore.Attrs{}, errNoStream
+	}
+	// Full blocks that no slot took while the file was written
+	// (write-back writers do not wait).
+	if err := st.stageBlocks(spill, size, true); err != nil {
+		return blobstore.Attrs{}, err
 	}
 	if tail := size - st.next; tail > 0 {
 		st.mu.Lock()

@@ -53,8 +53,8 @@ type options struct {
 func newFlags(c *bench.Config, o *options) *flag.FlagSet {
 	fl := flag.NewFlagSet("blobfs-bench", flag.ContinueOnError)
 	fl.Usage = func() {
-		fmt.Fprintf(fl.Output(), "usage: blobfs-bench [flags]\n\nFigures: %s\n(groups: all, seq, small, random, faulty, azurite, local; \"all\" leaves out %s, which runs when named)\n\n",
-			strings.Join(bench.FigureIDs(), ", "), bench.FigSeqReadWarm)
+		fmt.Fprintf(fl.Output(), "usage: blobfs-bench [flags]\n\nFigures: %s\n(groups: all, seq, small, random, write-back, faulty, azurite, local; \"all\" leaves out %s, which run when named)\n\n",
+			strings.Join(bench.FigureIDs(), ", "), strings.Join(bench.OptInFigureIDs(), ", "))
 		fl.PrintDefaults()
 	}
 	fl.BoolVar(&o.quick, "quick", false, "smoke run: 64 MiB files, 100 small files, 1 repetition, few SDK strategies (other flags still apply)")
