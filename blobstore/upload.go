@@ -53,6 +53,18 @@ type UploadOptions struct {
 	// store (a staged block, or the whole blob of a single Put). It is
 	// called from several goroutines at once.
 	Progress func(bytes int64)
+	// Buffers, if set, gives the block buffers instead of Upload's own:
+	// a caller that uploads many blobs at once bounds their memory
+	// together (Get waits while none is free).
+	Buffers BufferSource
+}
+
+// BufferSource lends block buffers to Upload. Get returns a buffer of at
+// least n bytes, waiting until one may be had or ctx ends; Put gives it
+// back.
+type BufferSource interface {
+	Get(ctx context.Context, n int64) ([]byte, error)
+	Put(buf []byte)
 }
 
 // Upload writes size bytes from r as blob name: one Put when size is at
@@ -119,12 +131,20 @@ func Upload(ctx context.Context, s Store, name string, r io.ReaderAt, size int64
 		n := min(bs, size-off)
 		g.Go(func() error {
 			var buf []byte
-			select {
-			case buf = <-free:
-			default:
-				buf = make([]byte, bs)
+			if opts.Buffers != nil {
+				var err error
+				if buf, err = opts.Buffers.Get(gctx, n); err != nil {
+					return err
+				}
+				defer opts.Buffers.Put(buf)
+			} else {
+				select {
+				case buf = <-free:
+				default:
+					buf = make([]byte, bs)
+				}
+				defer func() { free <- buf }()
 			}
-			defer func() { free <- buf }()
 			if err := readFull(r, buf[:n], off); err != nil {
 				return fmt.Errorf("blobstore: upload %q: read source at %d: %w", name, off, err)
 			}

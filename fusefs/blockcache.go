@@ -7,6 +7,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -106,6 +107,7 @@ func newBlockCache(store blobstore.Store, blockSize, capacity int64, maxFetches 
 		ahead:      list.New(),
 	}
 	c.cond = sync.NewCond(&c.mu)
+	registerCache(c)
 	return c
 }
 
@@ -256,7 +258,7 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 		// waited for a buffer.
 		if other := c.blocks[key]; other != nil {
 			if buf == nil {
-				c.used -= n
+				c.addUsedLocked(-n)
 				c.cond.Signal()
 			} else {
 				c.releaseBufLocked(buf)
@@ -315,6 +317,18 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 	if !ok {
 		c.mu.Unlock()
 		return false
+	}
+	if c.blocks[key] != nil || c.closed {
+		// Started by another reader, or closed, while reserveLocked
+		// let go of mu (reclaimRead).
+		if buf == nil {
+			c.addUsedLocked(-n)
+			c.cond.Signal()
+		} else {
+			c.releaseBufLocked(buf)
+		}
+		c.mu.Unlock()
+		return c.blocks[key] != nil
 	}
 	// Pinned by the fetch itself so that it cannot be evicted half-filled.
 	b := &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1, owner: owner, size: size}
@@ -387,7 +401,7 @@ func (c *blockCache) abandonLocked(b *block) {
 	c.disownLocked(b)
 	if b.buf == nil {
 		// Its bytes were counted when reserved, its buffer not made.
-		c.used -= c.blockLen(b.key.idx, b.size)
+		c.addUsedLocked(-c.blockLen(b.key.idx, b.size))
 		c.cond.Signal()
 	} else {
 		c.releaseBufLocked(b.buf)
@@ -531,14 +545,15 @@ func (c *blockCache) disownLocked(b *block) {
 // reader is waiting for the block) it may also take the oldest unread
 // read-ahead blocks', and it blocks until a block is unpinned.
 func (c *blockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
+	reclaimed := false
 	for {
 		if k := len(c.free); k > 0 && n == c.blockSize {
 			buf := c.free[k-1]
 			c.free = c.free[:k-1]
 			return buf[:n], true
 		}
-		if c.used+n <= c.capacity {
-			c.used += n
+		if c.used+n <= c.capacity && c.budgetAllowsLocked(n) {
+			c.addUsedLocked(n)
 			return nil, true
 		}
 		if k := len(c.free); k > 0 {
@@ -559,8 +574,25 @@ func (c *blockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
 			c.dropBufLocked(b.buf)
 			continue
 		}
+		if c.used+n <= c.capacity && !reclaimed {
+			// Within this mount's share, but the process's budget is
+			// taken: other mounts' least recently read blocks go.
+			reclaimed = true
+			c.mu.Unlock()
+			reclaimRead(c, n)
+			c.mu.Lock()
+			continue
+		}
 		if !demand {
 			return nil, false
+		}
+		if c.used+n <= c.capacity {
+			// Nothing to reclaim now: wait for this mount's own
+			// blocks (it holds at least minShare of them, pinned by
+			// its readers), or for others to free some.
+			c.timedWaitLocked(100 * time.Millisecond)
+			reclaimed = false
+			continue
 		}
 		c.cond.Wait()
 	}
@@ -592,7 +624,7 @@ func (c *blockCache) releaseBufLocked(buf []byte) {
 
 // dropBufLocked frees a buffer no block holds and no one has pinned.
 func (c *blockCache) dropBufLocked(buf []byte) {
-	c.used -= int64(cap(buf))
+	c.addUsedLocked(-int64(cap(buf)))
 	freeBlockBuf(buf)
 }
 
@@ -601,6 +633,7 @@ func (c *blockCache) dropBufLocked(buf []byte) {
 // goes. A read after close still works, from a
 // buffer freed when the read is done. Call it once the mount is gone.
 func (c *blockCache) close() {
+	unregisterCache(c)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed = true

@@ -23,8 +23,9 @@ var errNoStream = errors.New("no usable block stream")
 // for either. The commit stages the tail while the last full blocks are
 // still in flight, then commits the list.
 //
-// Bounds: FS.uploadSlots (shared by all files) caps the blocks in flight,
-// and so the block buffers in use; a writer that finds no slot free waits
+// Bounds: FS.uploadSlots (shared by all files) and the process's memory
+// budget (membudget.go) cap the blocks in flight, and so the block buffers
+// in use; a writer that finds no slot free waits
 // for an upload to finish: backpressure instead of unbounded memory. Slots
 // are held only by uploads, which end on their own, so the wait cannot
 // deadlock on another file's writer.
@@ -66,14 +67,12 @@ func (st *blockStream) stageBlocks(spill io.ReaderAt, size int64, wait bool) err
 		if len(st.ids) >= blobstore.MaxBlocks-1 {
 			return errors.New("too many blocks for streaming")
 		}
-		if wait {
-			st.fs.uploadSlots <- struct{}{}
-		} else {
-			select {
-			case st.fs.uploadSlots <- struct{}{}:
-			default:
-				return nil
-			}
+		buf, ok, err := st.fs.takeUploadBuf(st.fs.ctx, st.bs, wait)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return nil
 		}
 		st.mu.Lock()
 		id := blobstore.BlockID(st.nonce, len(st.ids))
@@ -83,10 +82,8 @@ func (st *blockStream) stageBlocks(spill io.ReaderAt, size int64, wait bool) err
 		st.next += st.bs
 		st.wg.Add(1)
 		go func() {
-			buf := st.fs.blockBuf()
-			staged := st.stage(st.fs.ctx, id, spill, (*buf)[:st.bs], off)
-			st.fs.freeBlockBuf(buf)
-			<-st.fs.uploadSlots
+			staged := st.stage(st.fs.ctx, id, spill, buf[:st.bs], off)
+			st.fs.giveUploadBuf(buf)
 			st.wg.Done()
 			if f, ok := spill.(*os.File); ok && staged {
 				// After Done: the commit need not wait for the disk.

@@ -50,8 +50,11 @@ type FS struct {
 	// large read-only files may be opened with FOPEN_DIRECT_IO (set by
 	// the Session, see directRead).
 	directIOMmap atomic.Bool
-	// uploadSlots bounds the blocks being streamed up, over all files.
+	// uploadSlots bounds the blocks being uploaded, over all files
+	// (takeUploadBuf); uploadSems records what each lent buffer holds of
+	// the process's budget (membudget.go).
 	uploadSlots chan struct{}
+	uploadSems  sync.Map
 	// uploading sums the sizes of the files being committed (Stats).
 	uploading atomic.Int64
 	// chunks serves random reads (chunkcache.go). readBytes counts the

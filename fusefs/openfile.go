@@ -480,6 +480,7 @@ func (of *openFile) upload(ctx context.Context, path string, f *os.File, size in
 		Concurrency: of.fs.opts.UploadConcurrency,
 		PutOptions:  opts,
 		Progress:    p.add,
+		Buffers:     uploadBuffers{of.fs},
 	})
 	p.finish(err)
 	return a, err

@@ -24,6 +24,9 @@ type csiFlags struct {
 	listCacheMB int64
 	// disk is the node's disk cache (0 MiB: none).
 	disk diskCacheFlags
+	// memoryMB is the read caches' and upload buffers' budget over every
+	// volume (0: none).
+	memoryMB int64
 }
 
 func registerCSIFlags(fl *pflag.FlagSet, f *csiFlags) {
@@ -45,6 +48,7 @@ func registerCSIFlags(fl *pflag.FlagSet, f *csiFlags) {
 	fl.StringVar(&f.cfg.MetricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, e.g. :9809 (default: off)")
 	fl.StringVar(&f.cfg.KeeperSocket, "keeper-socket", "", "socket of a blobfs keeper that holds the mounts across restarts of this driver (default: none; mounts die with the driver and are mounted again at start-up)")
 	fl.Int64Var(&f.listCacheMB, "list-cache-mb", fusefs.DefaultListCacheBytes>>20, "memory for cached directory listings of every volume of the node together, MiB (about 200 bytes a name); the oldest are dropped first")
+	fl.Int64Var(&f.memoryMB, "memory-mb", 2048, "memory for the read block caches (three quarters) and upload buffers (a quarter) of every volume of the node together, MiB; each volume also keeps its own block-cache-mb; 0: no bound over the volumes")
 	fl.Int64Var(&f.disk.mb, "disk-cache-mb", 0, "disk space for content read from every volume of the node, MiB (0: no disk cache); files held whole are read by the kernel itself (FUSE passthrough) on read-only volumes")
 	fl.StringVar(&f.disk.dir, "disk-cache-dir", csi.DefaultDiskCacheDir, "directory of the disk cache, on the node's disk; emptied at start")
 	fl.DurationVar(&f.cfg.HealthInterval, "health-interval", 30*time.Second, "how often the node checks its mounts and repairs dead ones (0 disables)")
@@ -72,6 +76,10 @@ func runCSI(f csiFlags) error {
 	if err := f.disk.check(); err != nil {
 		return usageError{err}
 	}
+	if f.memoryMB != 0 && (f.memoryMB < 64 || f.memoryMB > 1<<30) {
+		return usageError{fmt.Errorf("--memory-mb %d: must be 0 (no bound) or between 64 and 1073741824 (MiB)", f.memoryMB)}
+	}
+	fusefs.SetMemoryBudget(f.memoryMB << 20)
 	if f.cfg.HealthInterval == 0 {
 		f.cfg.HealthInterval = -1 // the flag's 0 disables; Config's 0 means default
 	}
