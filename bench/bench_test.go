@@ -147,11 +147,11 @@ func TestParseFigures(t *testing.T) {
 	}{
 		{in: "all", want: DefaultFigureIDs()},
 		{in: "all,seq-read-warm,random,write-back", want: FigureIDs()},
-		{in: "random", want: []string{FigRandRead, FigRandReadWarm}},
+		{in: "random", want: []string{FigRandRead, FigRandReadWarm, FigSeqReadCached}},
 		{in: "memory,seq-read", want: []string{FigSeqRead, FigMemory}},
 		{in: "small, fuse", want: []string{FigSmallCreate, FigSmallList, FigSmallRead, FigFUSE}},
 		{in: "seq,seq-read", want: []string{FigSeqRead, FigSeqWrite}},
-		{in: "local", want: []string{FigFaultyRead, FigFaultyWrite, FigFUSE, FigMemory}},
+		{in: "local", want: []string{FigFaultyRead, FigFaultyWrite, FigFUSE, FigMemory, FigMemoryMounts}},
 		{in: "seq-reed", wantErr: true},
 		{in: " , ", wantErr: true},
 	} {

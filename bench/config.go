@@ -23,6 +23,8 @@ const (
 	FigRandRead    = "rand-read"
 	// FigRandReadWarm is FigRandRead with the file in the disk cache.
 	FigRandReadWarm = "rand-read-warm"
+	// FigSeqReadCached re-reads a file whole in the disk cache.
+	FigSeqReadCached = "seq-read-cached"
 	// FigWriteBack and FigWriteBackSmall: --write-back against the
 	// durable default.
 	FigWriteBack      = "write-back"
@@ -31,12 +33,14 @@ const (
 	FigFaultyWrite    = "faulty-write"
 	FigFUSE           = "fuse"
 	FigMemory         = "memory"
+	// FigMemoryMounts: many mounts of one process under its budget.
+	FigMemoryMounts = "memory-mounts"
 )
 
 // FigureIDs returns every figure id in run order.
 func FigureIDs() []string {
 	return []string{FigSeqRead, FigSeqReadWarm, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead,
-		FigRandRead, FigRandReadWarm, FigWriteBack, FigWriteBackSmall, FigFaultyRead, FigFaultyWrite, FigFUSE, FigMemory}
+		FigRandRead, FigRandReadWarm, FigSeqReadCached, FigWriteBack, FigWriteBackSmall, FigFaultyRead, FigFaultyWrite, FigFUSE, FigMemory, FigMemoryMounts}
 }
 
 // optInFigures run only when named. seq-read-warm uploads two more files of
@@ -47,7 +51,7 @@ func FigureIDs() []string {
 // The random-read and write-back figures upload 2 GiB and 6 GiB more: they
 // run when named, and a full `make bench` runs them afterwards on a fresh
 // Azurite (.ci/bench.sh).
-var optInFigures = []string{FigSeqReadWarm, FigRandRead, FigRandReadWarm, FigWriteBack, FigWriteBackSmall}
+var optInFigures = []string{FigSeqReadWarm, FigRandRead, FigRandReadWarm, FigSeqReadCached, FigWriteBack, FigWriteBackSmall}
 
 // OptInFigureIDs returns the figures that run only when named.
 func OptInFigureIDs() []string { return slices.Clone(optInFigures) }
@@ -59,7 +63,7 @@ func DefaultFigureIDs() []string {
 }
 
 // azuriteFigures are the figures that need Azurite.
-var azuriteFigures = []string{FigSeqRead, FigSeqReadWarm, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead, FigRandRead, FigRandReadWarm, FigWriteBack, FigWriteBackSmall}
+var azuriteFigures = []string{FigSeqRead, FigSeqReadWarm, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead, FigRandRead, FigRandReadWarm, FigSeqReadCached, FigWriteBack, FigWriteBackSmall}
 
 // figureGroups are shorthands accepted by ParseFigures; none holds an
 // opt-in figure.
@@ -67,13 +71,13 @@ var figureGroups = map[string][]string{
 	"all":        DefaultFigureIDs(),
 	"seq":        {FigSeqRead, FigSeqWrite},
 	"small":      {FigSmallCreate, FigSmallList, FigSmallRead},
-	"random":     {FigRandRead, FigRandReadWarm},
+	"random":     {FigRandRead, FigRandReadWarm, FigSeqReadCached},
 	"write-back": {FigWriteBack, FigWriteBackSmall},
 	"faulty":     {FigFaultyRead, FigFaultyWrite},
 	// azurite: the default figures that need Azurite.
 	"azurite": {FigSeqRead, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead},
 	// local: every figure that runs without Azurite.
-	"local": {FigFaultyRead, FigFaultyWrite, FigFUSE, FigMemory},
+	"local": {FigFaultyRead, FigFaultyWrite, FigFUSE, FigMemory, FigMemoryMounts},
 }
 
 // ParseFigures turns a comma-separated list of figure ids and group names

@@ -133,6 +133,8 @@ func (r *runner) figure(ctx context.Context, fig string) Row {
 		return r.randRead(ctx)
 	case FigRandReadWarm:
 		return r.randReadWarm(ctx)
+	case FigSeqReadCached:
+		return r.seqReadCached(ctx)
 	case FigWriteBack:
 		return r.writeBackLarge(ctx)
 	case FigWriteBackSmall:
@@ -145,6 +147,8 @@ func (r *runner) figure(ctx context.Context, fig string) Row {
 		return r.fuseOverhead(ctx)
 	case FigMemory:
 		return r.memory(ctx)
+	case FigMemoryMounts:
+		return r.memoryMounts(ctx)
 	}
 	return Row{ID: fig, Figure: fig, Err: fmt.Errorf("unknown figure")}
 }

@@ -28,6 +28,13 @@ import (
 )
 
 func main() {
+	if child, err := bench.ServeMountsChild(); child {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "blobfs-bench: serving mounts:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if err := run(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
