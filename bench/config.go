@@ -31,8 +31,10 @@ const (
 	FigWriteBackSmall = "write-back-small"
 	FigFaultyRead     = "faulty-read"
 	FigFaultyWrite    = "faulty-write"
-	FigFUSE           = "fuse"
-	FigMemory         = "memory"
+	// FigFaultyCreate: small-create's target, at a real store's latency.
+	FigFaultyCreate = "faulty-create"
+	FigFUSE         = "fuse"
+	FigMemory       = "memory"
 	// FigMemoryMounts: many mounts of one process under its budget.
 	FigMemoryMounts = "memory-mounts"
 )
@@ -40,7 +42,7 @@ const (
 // FigureIDs returns every figure id in run order.
 func FigureIDs() []string {
 	return []string{FigSeqRead, FigSeqReadWarm, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead,
-		FigRandRead, FigRandReadWarm, FigSeqReadCached, FigWriteBack, FigWriteBackSmall, FigFaultyRead, FigFaultyWrite, FigFUSE, FigMemory, FigMemoryMounts}
+		FigRandRead, FigRandReadWarm, FigSeqReadCached, FigWriteBack, FigWriteBackSmall, FigFaultyRead, FigFaultyWrite, FigFaultyCreate, FigFUSE, FigMemory, FigMemoryMounts}
 }
 
 // optInFigures run only when named. seq-read-warm uploads two more files of
@@ -73,11 +75,11 @@ var figureGroups = map[string][]string{
 	"small":      {FigSmallCreate, FigSmallList, FigSmallRead},
 	"random":     {FigRandRead, FigRandReadWarm, FigSeqReadCached},
 	"write-back": {FigWriteBack, FigWriteBackSmall},
-	"faulty":     {FigFaultyRead, FigFaultyWrite},
+	"faulty":     {FigFaultyRead, FigFaultyWrite, FigFaultyCreate},
 	// azurite: the default figures that need Azurite.
 	"azurite": {FigSeqRead, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead},
 	// local: every figure that runs without Azurite.
-	"local": {FigFaultyRead, FigFaultyWrite, FigFUSE, FigMemory, FigMemoryMounts},
+	"local": {FigFaultyRead, FigFaultyWrite, FigFaultyCreate, FigFUSE, FigMemory, FigMemoryMounts},
 }
 
 // ParseFigures turns a comma-separated list of figure ids and group names

@@ -236,7 +236,10 @@ func smallName(dir string, i int) string { return fmt.Sprintf("%s/f%05d", dir, i
 // after another.
 func (r *runner) smallCreate(ctx context.Context) Row {
 	n := r.cfg.SmallFiles
-	row := Row{ID: FigSmallCreate, Figure: fmt.Sprintf("create %d × %s files until durable (Azurite)", n, human(int64(r.cfg.SmallFileSize))), Unit: UnitFilesS, Target: Target{Min: 0.9}}
+	// No target on Azurite, where a Put costs about a millisecond and
+	// a create's five FUSE round trips weigh as much: faulty-create
+	// holds the target, at a real store's latency.
+	row := Row{ID: FigSmallCreate, Figure: fmt.Sprintf("create %d × %s files until durable (Azurite)", n, human(int64(r.cfg.SmallFileSize))), Unit: UnitFilesS}
 	all := r.smallData()
 	var dir string
 	baseline := strategy{

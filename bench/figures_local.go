@@ -409,3 +409,70 @@ func streamFile(ctx context.Context, path string) (int64, error) {
 		}
 	}
 }
+
+// createLatency is the fake store's latency in faultyCreate: Azure's order
+// of magnitude for one small request.
+const createLatency = 5 * time.Millisecond
+
+// faultyCreate: create, write and close Config.SmallFiles small files
+// through blobfs over the fake store with createLatency a request, until
+// durable, against one Put per file, serially. On Azurite a Put takes about
+// a millisecond, and the FUSE round trips of a create (lookup, create,
+// write, flush, release) then weigh as much as the store; at a real
+// store's latency they should not.
+func (r *runner) faultyCreate(ctx context.Context) Row {
+	n, size := r.cfg.SmallFiles, r.cfg.SmallFileSize
+	row := Row{ID: FigFaultyCreate, Figure: fmt.Sprintf("create %d × %s files until durable (fake store: %v a request)", n, human(int64(size)), createLatency), Unit: UnitFilesS, Target: Target{Min: 0.9}}
+	mem := blobstore.NewMemory()
+	store := blobstore.NewFaulty(mem, blobstore.FaultOptions{Seed: 1, Latency: createLatency})
+	content := randomBytes(int64(size), 6)
+	clean := func(prefix string) {
+		for i := range n {
+			mem.Delete(context.Background(), fmt.Sprintf("%s/f%05d", prefix, i), blobstore.Conditions{})
+		}
+		mem.Delete(context.Background(), prefix, blobstore.Conditions{})
+	}
+	var prefix string
+	baseline := strategy{
+		name:    "Put × N, serially",
+		prepare: func() error { prefix = fmt.Sprintf("direct-%d", r.unique()); return nil },
+		run: func(ctx context.Context) error {
+			for i := range n {
+				if _, err := store.Put(ctx, fmt.Sprintf("%s/f%05d", prefix, i), content, blobstore.PutOptions{}); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		check: func(ctx context.Context) error { clean(prefix); return nil },
+	}
+	contenders := []side{{name: blobfsName, run: func(ctx context.Context) (time.Duration, error) {
+		dir := fmt.Sprintf("blobfs-%d", r.unique())
+		defer clean(dir)
+		return r.withInProcess(store, func(mnt string) (time.Duration, error) {
+			if err := os.Mkdir(filepath.Join(mnt, dir), 0o755); err != nil {
+				return 0, err
+			}
+			r.settle()
+			start := time.Now()
+			for i := range n {
+				if err := writeFileFrom(ctx, filepath.Join(mnt, dir, fmt.Sprintf("f%05d", i)), content); err != nil {
+					return 0, err
+				}
+			}
+			d := time.Since(start)
+			for i := range n {
+				if _, err := mem.Stat(ctx, fmt.Sprintf("%s/f%05d", dir, i)); err != nil {
+					return 0, fmt.Errorf("f%05d not in the store after its close: %w", i, err)
+				}
+			}
+			return d, nil
+		})
+	}}}
+	out, err := r.compare(ctx, row.ID, "direct", filesPerSec(n), []strategy{baseline}, contenders)
+	if err != nil {
+		row.Err = err
+		return row
+	}
+	return r.fill(row, out, rate(n), "direct ")
+}

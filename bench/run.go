@@ -143,6 +143,8 @@ func (r *runner) figure(ctx context.Context, fig string) Row {
 		return r.faultyRead(ctx)
 	case FigFaultyWrite:
 		return r.faultyWrite(ctx)
+	case FigFaultyCreate:
+		return r.faultyCreate(ctx)
 	case FigFUSE:
 		return r.fuseOverhead(ctx)
 	case FigMemory:

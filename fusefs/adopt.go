@@ -177,7 +177,9 @@ func (fs *FS) restore(saved *savedState) error {
 				n.file.writers++
 			}
 			switch sh.io {
-			case ioCached:
+			case ioCached, ioDirect:
+				// A direct-I/O handle counts as cached here: an mmap of
+				// it put the inode in cached mode, unseen (passthrough.go).
 				n.io.cached++
 			case ioPassthrough:
 				// The kernel still reads the backing file, and new

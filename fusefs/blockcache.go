@@ -327,8 +327,9 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 		} else {
 			c.releaseBufLocked(buf)
 		}
+		started := c.blocks[key] != nil
 		c.mu.Unlock()
-		return c.blocks[key] != nil
+		return started
 	}
 	// Pinned by the fetch itself so that it cannot be evicted half-filled.
 	b := &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1, owner: owner, size: size}

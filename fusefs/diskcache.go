@@ -42,6 +42,9 @@ type DiskCache struct {
 	used    int64
 	seq     uint64
 	closed  bool
+	// dropped are files forgotten under mu and not removed yet: unlinking
+	// (a large file takes long) happens after mu is let go (removeDropped).
+	dropped []*diskEntry
 
 	// hitBytes counts bytes read from cache files, storedBytes bytes
 	// written into them.
@@ -123,14 +126,16 @@ func OpenDiskCache(dir string, capacity int64) (*DiskCache, error) {
 // by passthrough handles are unlinked; the kernel keeps what it has open.
 func (c *DiskCache) Close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return nil
 	}
 	c.closed = true
 	for _, e := range c.entries {
 		c.dropLocked(e)
 	}
+	c.mu.Unlock()
+	c.removeDropped()
 	return c.lock.Close()
 }
 
@@ -221,6 +226,7 @@ func (c *DiskCache) store(ns, name, etag string, size int64, data []byte, off in
 	if first >= last {
 		return
 	}
+	defer c.removeDropped() // after every unlock below
 	key := diskKey{ns, name, etag}
 	c.mu.Lock()
 	if c.closed {
@@ -388,9 +394,28 @@ func (c *DiskCache) dropLocked(e *diskEntry) {
 		e.elem = nil
 	}
 	c.used -= e.bytes
-	os.Remove(e.path)
-	if e.pins == 0 {
-		e.f.Close()
+	c.dropped = append(c.dropped, e)
+}
+
+// removeDropped removes the files dropped since the last call, and closes
+// those no reader has pinned (the last unpin closes the others). Call it
+// without mu.
+func (c *DiskCache) removeDropped() {
+	c.mu.Lock()
+	dropped := c.dropped
+	c.dropped = nil
+	var unpinned []*os.File
+	for _, e := range dropped {
+		if e.pins == 0 && e.f != nil {
+			unpinned = append(unpinned, e.f)
+		}
+	}
+	c.mu.Unlock()
+	for _, e := range dropped {
+		os.Remove(e.path)
+	}
+	for _, f := range unpinned {
+		f.Close()
 	}
 }
 
@@ -427,6 +452,9 @@ func (t *diskTier) keep(name, etag string, size int64, data []byte, off int64) {
 const (
 	fillWorkers = 4
 	maxFills    = 2
+	// fillChunk is the size of a fill's GETs (and of each worker's
+	// buffer, whatever --read-block-mb is).
+	fillChunk = 8 << 20
 )
 
 // fillDisk fetches a file that a handle reads at random into the disk
@@ -467,7 +495,7 @@ func (fs *FS) fillDisk(path, etag string, size int64) {
 }
 
 func (fs *FS) fillDiskNow(path, etag string, size int64) {
-	bs := fs.opts.ReadBlockSize
+	bs := int64(fillChunk)
 	offs := make(chan int64)
 	var failed atomic.Pointer[error]
 	var workers sync.WaitGroup

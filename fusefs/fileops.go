@@ -91,21 +91,26 @@ func (fs *FS) acquireFileLocked(n *node) *openFile {
 // that fails for a reason that may pass, a background retry keeps the data
 // and tries again; otherwise the spill file is kept in lost+found.
 func (fs *FS) releaseFile(of *openFile) {
+	if fs.opts.WriteBack && fs.ctx.Err() == nil {
+		of.mu.Lock()
+		dirty, queued := of.dirty(), of.writeBackQueued
+		of.mu.Unlock()
+		fs.mu.Lock()
+		last := of.refs == 1
+		fs.mu.Unlock()
+		if last && dirty && !queued {
+			// The last reference goes to the background upload, never
+			// dropped in between (writeback.go).
+			fs.writeBackLater(of, true)
+			return
+		}
+	}
 	fs.mu.Lock()
 	of.refs--
 	last := of.refs == 0
 	fs.mu.Unlock()
 	if !last {
 		return
-	}
-	if fs.opts.WriteBack && fs.ctx.Err() == nil {
-		of.mu.Lock()
-		dirty := of.dirty()
-		of.mu.Unlock()
-		if dirty {
-			fs.writeBackLater(of)
-			return
-		}
 	}
 	if err := of.commit(fs.ctx); err != nil {
 		if blobstore.Retryable(err) && fs.ctx.Err() == nil {
@@ -117,7 +122,7 @@ func (fs *FS) releaseFile(of *openFile) {
 	}
 	fs.mu.Lock()
 	drop := of.refs == 0
-	if drop {
+	if drop && of.n.file == of {
 		of.n.file = nil
 	}
 	fs.mu.Unlock()
@@ -656,6 +661,11 @@ func (fs *FS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
 	fs.mu.Unlock()
 	if lastWriter {
 		h.of.writerReleased()
+		if fs.opts.WriteBack && fs.ctx.Err() == nil {
+			// Not when the last reference goes: a reader may hold the
+			// file open for days.
+			fs.writeBackLater(h.of, false)
+		}
 	}
 	if h != nil && h.of != nil {
 		fs.blocks.demote(h.id)

@@ -57,16 +57,19 @@ type openFile struct {
 	fs *FS
 	n  *node // its path may change (rename) while open
 
-	refs int // open handles; guarded by FS.mu
+	refs int // open handles and background uploads; guarded by FS.mu
 
 	commitMu sync.Mutex
 
-	mu           sync.Mutex
-	spill        *os.File
-	spillPath    string
-	size         int64
-	gen          uint64 // bumped by every change
-	committedGen uint64
+	mu sync.Mutex
+	// writeBackQueued: a background upload of this file has started and
+	// not ended (writeback.go).
+	writeBackQueued bool
+	spill           *os.File
+	spillPath       string
+	size            int64
+	gen             uint64 // bumped by every change
+	committedGen    uint64
 	// baseETag is the If-Match of the next commit: the ETag the spill
 	// file was loaded from or this file last committed.
 	baseETag string

@@ -1,7 +1,6 @@
 package fusefs
 
 import (
-	"context"
 	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
@@ -31,50 +30,103 @@ import (
 // which stages up to Options.UploadConcurrency blocks.
 const writeBackSlots = 4
 
+// writeBackMinCharge is what a file counts against Options.WriteBackBytes
+// at least, so that many small (or empty) files are bounded too: 4096 files
+// at the default bound.
+const writeBackMinCharge = 1 << 20
+
+func writeBackCharge(size int64) int64 { return max(size, writeBackMinCharge) }
+
 // flushNow tells whether FLUSH (close) must upload h's file now: always
-// without write-back; with it, only when the file's dirty bytes would pass
-// the bound of bytes waiting for upload.
+// without write-back; with it, only when the file would pass the bound of
+// bytes waiting for upload.
 func (fs *FS) flushNow(h *handle) bool {
 	if !fs.opts.WriteBack || !h.write || fs.ctx.Err() != nil {
 		return true
 	}
 	of := h.of
 	of.mu.Lock()
-	dirty, size := of.dirty(), of.size
+	dirty, size, queued := of.dirty(), of.size, of.writeBackQueued
 	of.mu.Unlock()
-	return dirty && fs.writeBackPending.Load()+size > fs.opts.WriteBackBytes
+	return dirty && !queued && fs.writeBackPending.Load()+writeBackCharge(size) > fs.opts.WriteBackBytes
 }
 
-// writeBackLater uploads of, whose last handle is gone and which is dirty,
-// in the background, holding a reference meanwhile so that its data stays
-// readable through the mount and the file is not dropped.
-func (fs *FS) writeBackLater(of *openFile) {
+// writeBackLater uploads of, which is dirty, in the background, with a
+// reference of its own (taken here, or handed over by the caller with
+// handedRef) so that its data stays readable through the mount and the
+// file is not dropped meanwhile. It is called when the last writer handle
+// goes (a reader may keep the file open for days: the upload must not wait
+// for it) and when the last reference goes. One upload per file at a time.
+func (fs *FS) writeBackLater(of *openFile, handedRef bool) {
 	of.mu.Lock()
-	size := of.size
+	if of.writeBackQueued || !of.dirty() {
+		of.mu.Unlock()
+		if handedRef {
+			fs.releaseFile(of)
+		}
+		return
+	}
+	of.writeBackQueued = true
+	charge := writeBackCharge(of.size)
 	of.mu.Unlock()
-	fs.writeBackPending.Add(size)
-	fs.mu.Lock()
-	of.refs++
-	fs.mu.Unlock()
+	fs.writeBackPending.Add(charge)
+	if !handedRef {
+		fs.mu.Lock()
+		of.refs++
+		fs.mu.Unlock()
+	}
 	fs.bg.Add(1)
 	go func() {
 		defer fs.bg.Done()
-		fs.writeBackSlots <- struct{}{}
-		// Not fs.ctx: at Close the uploads waiting here still run to
-		// their end before the process exits.
-		ctx, cf := context.WithTimeout(context.Background(), 30*time.Minute)
-		err := of.commit(ctx)
-		cf()
-		<-fs.writeBackSlots
-		fs.writeBackPending.Add(-size)
-		if err != nil {
-			if blobstore.Retryable(err) {
-				fs.log.Warn("write-back upload failed; retrying in the background", "err", err)
-				fs.retryCommit(of)
-			} else {
-				fs.keepFailed(of, err)
+		// The bytes stay counted while the upload is retried: during an
+		// outage closes upload first (flushNow), instead of piling up.
+		defer fs.writeBackPending.Add(-charge)
+		defer func() {
+			of.mu.Lock()
+			of.writeBackQueued = false
+			of.mu.Unlock()
+		}()
+		delay := time.Second
+		for {
+			select {
+			case fs.writeBackSlots <- struct{}{}:
+			case <-fs.ctx.Done():
+				fs.abandonWriteBack(of)
+				return
 			}
+			err := of.commit(fs.ctx)
+			<-fs.writeBackSlots
+			switch {
+			case err == nil:
+				fs.releaseFile(of)
+				return
+			case fs.ctx.Err() != nil:
+				fs.abandonWriteBack(of)
+				return
+			case !blobstore.Retryable(err):
+				fs.keepFailed(of, err)
+				fs.releaseFile(of)
+				return
+			}
+			fs.log.Warn("write-back upload failed; retrying", "err", err, "in", delay)
+			select {
+			case <-time.After(delay):
+			case <-fs.ctx.Done():
+				fs.abandonWriteBack(of)
+				return
+			}
+			delay = min(2*delay, time.Minute)
 		}
-		fs.releaseFile(of)
 	}()
+}
+
+// abandonWriteBack lets go of a file whose upload had not ended when the
+// filesystem closed without a Sync (a handoff to another process, which
+// restores the file from the state region and uploads it; or a process
+// without one, whose successor on the cache directory recovers the spill
+// file, spillrecover.go). The spill file stays where it is.
+func (fs *FS) abandonWriteBack(of *openFile) {
+	fs.mu.Lock()
+	of.refs--
+	fs.mu.Unlock()
 }

@@ -171,3 +171,105 @@ func TestWriteBackServerKilled(t *testing.T) {
 	})
 	t.Logf("%d of %d uploads were pending at the kill; all are in the store", pending, len(files))
 }
+
+// A reader holding the file open does not hold the upload back: it starts
+// when the last writer goes.
+func TestWriteBackWithReaderOpen(t *testing.T) {
+	mem := blobstore.NewMemory()
+	mnt, _ := mountStore(t, mem, Options{WriteBack: true})
+	path := join(mnt, "log")
+	if err := os.WriteFile(path, []byte("first\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := os.Open(path) // as tail -f would
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	data := []byte("first\nsecond\n")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the upload while a reader holds the file", func() bool { return storeHas(t, mem, "log", data) })
+}
+
+// Many small files count at least writeBackMinCharge each: past the bound,
+// closes upload before they return.
+func TestWriteBackBoundCountsFiles(t *testing.T) {
+	mem := blobstore.NewMemory()
+	slow := blobstore.NewFaulty(mem, blobstore.FaultOptions{})
+	mnt, _ := mountStore(t, slow, Options{WriteBack: true, WriteBackBytes: 2 * writeBackMinCharge})
+	if err := os.Mkdir(join(mnt, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	slow.SetOptions(blobstore.FaultOptions{Latency: 500 * time.Millisecond})
+	const n = 6
+	for i := range n {
+		if err := os.WriteFile(join(mnt, fmt.Sprintf("d/%d", i)), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in := 0
+	for i := range n {
+		if storeHas(t, mem, fmt.Sprintf("d/%d", i), []byte("x")) {
+			in++
+		}
+	}
+	if in < n-2 {
+		t.Errorf("%d of %d tiny files in the store after their closes; with room for 2 waiting, want at least %d", in, n, n-2)
+	}
+}
+
+// Close without Sync (a handoff to another process) does not wait for
+// write-back uploads, and does not move their data to lost+found: the
+// spill file stays, and a successor on the cache directory uploads it.
+func TestWriteBackAbandonedAtClose(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount")
+	}
+	mem := blobstore.NewMemory()
+	slow := blobstore.NewFaulty(mem, blobstore.FaultOptions{})
+	cache := t.TempDir()
+	fsys, err := New(slow, Options{WriteBack: true, CacheDir: cache, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mnt := t.TempDir()
+	sess, err := Mount(mnt, fsys, MountOptions{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow.SetOptions(blobstore.FaultOptions{Latency: 3 * time.Second})
+	data := pattern(100_000, 5)
+	f, err := os.Create(join(mnt, "late"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the upload under way", func() bool { return fsys.Stats().WriteBackBytes > 0 })
+	start := time.Now()
+	fsys.Close()
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Close took %v: it waited for the upload", d)
+	}
+	sess.Unmount(true)
+	if storeHas(t, mem, "late", data) {
+		t.Fatal("uploaded before Close returned: the test shows nothing")
+	}
+	if kept, _ := filepath.Glob(filepath.Join(cache, "lost+found", "*")); len(kept) != 0 {
+		t.Errorf("abandoned upload moved to lost+found: %v", kept)
+	}
+	// The successor on the same cache directory uploads the spill file.
+	slow.SetOptions(blobstore.FaultOptions{})
+	next, err := New(slow, Options{CacheDir: cache, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	waitFor(t, "the successor's upload", func() bool { return storeHas(t, mem, "late", data) })
+}
