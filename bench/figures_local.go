@@ -454,6 +454,7 @@ func (r *runner) faultyCreate(ctx context.Context) Row {
 				return 0, err
 			}
 			r.settle()
+			before := mem.Requests()
 			start := time.Now()
 			for i := range n {
 				if err := writeFileFrom(ctx, filepath.Join(mnt, dir, fmt.Sprintf("f%05d", i)), content); err != nil {
@@ -461,6 +462,11 @@ func (r *runner) faultyCreate(ctx context.Context) Row {
 				}
 			}
 			d := time.Since(start)
+			used := mem.Requests()
+			for op, k := range before {
+				used[op] -= k
+			}
+			r.detail("%-13s blobfs's store requests for %d files: %v", FigFaultyCreate, n, used)
 			for i := range n {
 				if _, err := mem.Stat(ctx, fmt.Sprintf("%s/f%05d", dir, i)); err != nil {
 					return 0, fmt.Errorf("f%05d not in the store after its close: %w", i, err)
