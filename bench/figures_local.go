@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -316,34 +315,12 @@ func (r *runner) memory(ctx context.Context) Row {
 
 	// Sample the server's resident set while streaming, for the note;
 	// the figure itself is the kernel's high-water mark.
-	var (
-		mu      sync.Mutex
-		sampled int64
-	)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			if v, err := procStatus(m.Pid(), "VmRSS:"); err == nil {
-				mu.Lock()
-				sampled = max(sampled, v)
-				mu.Unlock()
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-	}()
+	stopSampling := sampleRSS(m.Pid())
 	r.settle()
 	start := time.Now()
 	n, err := streamFile(ctx, filepath.Join(dir, name))
 	d := time.Since(start)
-	close(stop)
-	wg.Wait()
+	sampled := stopSampling()
 	if err == nil && n != size {
 		err = fmt.Errorf("streamed %d bytes, want %d", n, size)
 	}

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -140,28 +139,7 @@ func (r *runner) memoryMounts(ctx context.Context) Row {
 		row.Err = fmt.Errorf("serving child: %q %v", line, err)
 		return row
 	}
-	var (
-		mu      sync.Mutex
-		sampled int64
-	)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			if v, err := procStatus(child.Process.Pid, "VmRSS:"); err == nil {
-				mu.Lock()
-				sampled = max(sampled, v)
-				mu.Unlock()
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-	}()
+	stopSampling := sampleRSS(child.Process.Pid)
 	r.settle()
 	start := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
@@ -176,8 +154,7 @@ func (r *runner) memoryMounts(ctx context.Context) Row {
 	}
 	err = g.Wait()
 	d := time.Since(start)
-	close(stop)
-	wg.Wait()
+	sampled := stopSampling()
 	if err != nil {
 		row.Err = err
 		return row

@@ -157,18 +157,12 @@ func (r *runner) randReadWarm(ctx context.Context) Row {
 	n := randJobs * randPerJobWarm
 	row := Row{ID: FigRandReadWarm, Figure: fmt.Sprintf("random 4 KiB reads of %s, %d threads, file in the disk cache (Azurite)", human(size), randJobs), Unit: UnitIOPS, Target: Target{Min: 0.9}}
 	data := r.largeData()
-	name := fmt.Sprintf("rand-warm-%d.bin", r.unique())
-	if err := r.az.uploadFast(ctx, name, data); err != nil {
-		row.Err = fmt.Errorf("upload %s: %w", name, err)
-		return row
-	}
-	defer r.az.delete(context.Background(), name)
-	local := filepath.Join(r.work, name)
-	if err := os.WriteFile(local, data, 0o644); err != nil {
+	name, local, cleanup, err := r.blobAndLocalCopy(ctx, "rand-warm", data)
+	if err != nil {
 		row.Err = err
 		return row
 	}
-	defer os.Remove(local)
+	defer cleanup()
 	offs := randOffsets(size, randPerJobWarm)
 	baseline := strategy{
 		name:    "the same reads of a local file",
@@ -205,18 +199,12 @@ func (r *runner) seqReadCached(ctx context.Context) Row {
 	size := r.cfg.Size
 	row := Row{ID: FigSeqReadCached, Figure: fmt.Sprintf("sequential re-read %s, file in the disk cache (Azurite)", human(size)), Unit: UnitMBps, Target: Target{Min: 0.9}}
 	data := r.largeData()
-	name := fmt.Sprintf("cached-%d.bin", r.unique())
-	if err := r.az.uploadFast(ctx, name, data); err != nil {
-		row.Err = fmt.Errorf("upload %s: %w", name, err)
-		return row
-	}
-	defer r.az.delete(context.Background(), name)
-	local := filepath.Join(r.work, name)
-	if err := os.WriteFile(local, data, 0o644); err != nil {
+	name, local, cleanup, err := r.blobAndLocalCopy(ctx, "cached", data)
+	if err != nil {
 		row.Err = err
 		return row
 	}
-	defer os.Remove(local)
+	defer cleanup()
 	dst := r.scratchBuf()
 	baseline := strategy{
 		name: "the same read of a local file",
@@ -254,4 +242,23 @@ func (r *runner) seqReadCached(ctx context.Context) Row {
 			row.ID, throughput(size)(d), out.baselineTime.Seconds()/d.Seconds())
 	}
 	return r.fill(row, out, throughput(size), "")
+}
+
+// blobAndLocalCopy uploads data as a new blob and writes the same bytes to
+// a local file, for figures that compare a read through blobfs with the
+// same read of a local file. cleanup deletes both.
+func (r *runner) blobAndLocalCopy(ctx context.Context, prefix string, data []byte) (name, local string, cleanup func(), err error) {
+	name = fmt.Sprintf("%s-%d.bin", prefix, r.unique())
+	if err := r.az.uploadFast(ctx, name, data); err != nil {
+		return "", "", nil, fmt.Errorf("upload %s: %w", name, err)
+	}
+	local = filepath.Join(r.work, name)
+	if err := os.WriteFile(local, data, 0o644); err != nil {
+		r.az.delete(context.Background(), name)
+		return "", "", nil, err
+	}
+	return name, local, func() {
+		r.az.delete(context.Background(), name)
+		os.Remove(local)
+	}, nil
 }

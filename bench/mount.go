@@ -407,3 +407,36 @@ func parentOf(p int) (int, bool) {
 	ppid, err := strconv.Atoi(f[1])
 	return ppid, err == nil
 }
+
+// sampleRSS samples pid's resident set every 50 ms until the returned stop
+// is called, which returns the largest sample: for a figure's note, beside
+// the kernel's high-water mark (peakRSS).
+func sampleRSS(pid int) (stop func() int64) {
+	var (
+		mu      sync.Mutex
+		sampled int64
+	)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			if v, err := procStatus(pid, "VmRSS:"); err == nil {
+				mu.Lock()
+				sampled = max(sampled, v)
+				mu.Unlock()
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	return func() int64 {
+		close(done)
+		wg.Wait()
+		return sampled
+	}
+}

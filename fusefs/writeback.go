@@ -7,21 +7,25 @@ import (
 )
 
 // Write-back (Options.WriteBack): close returns once a file's data is in
-// its spill file, and the upload runs afterwards, in the background, in
-// parallel across files (writeBackSlots at once). What makes it safe:
+// its spill file; the upload starts when the file's last writer handle is
+// released (a reader holding the file open does not hold it back) and runs
+// in the background, in parallel across files (writeBackSlots at once).
+// What makes it safe:
 //   - fsync still waits for the store, as without write-back;
 //   - the spill file and its journal record are what a successor process
 //     restores (adopt.go retries a dirty file with no handle), so a crash
-//     of the worker or the driver before the upload loses nothing; a crash
-//     of the machine loses what was not fsync'd, as on a local disk whose
-//     page cache is lost;
-//   - an upload that fails is retried with backoff (retryCommit), and data
-//     that can never be uploaded is kept in lost+found, logged and counted
+//     of the worker or the driver before the upload loses nothing, and a
+//     handoff (Close without Sync) leaves the uploads to the successor
+//     (abandonWriteBack); a crash of the machine loses what was not
+//     fsync'd, as on a local disk whose page cache is lost;
+//   - an upload that fails is retried with backoff, and data that can
+//     never be uploaded is kept in lost+found, logged and counted
 //     (Stats.KeptFiles), as at close without write-back; the application
 //     that closed the file does not hear of it;
-//   - the bytes waiting for upload are bounded (Options.WriteBackBytes):
-//     over the bound, close uploads before it returns, as without
-//     write-back, so writers wait.
+//   - what waits for upload is bounded (Options.WriteBackBytes, each file
+//     counting at least writeBackMinCharge, until its upload ends, retries
+//     included): over the bound, close uploads before it returns, as
+//     without write-back, so writers wait.
 //
 // A commit is conditional as always: a concurrent writer's change since
 // the open is not overwritten (the loser's data goes to lost+found).
