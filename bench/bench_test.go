@@ -37,6 +37,8 @@ func TestQuickAzurite(t *testing.T) {
 	cfg.FaultySize = 16 * MiB
 	cfg.MemorySize = 64 * MiB
 	cfg.BlockCacheMB = 16
+	cfg.Mounts = 4
+	cfg.MountFileSize = 8 * MiB
 	// The Azurite mounts' cache too: seq-read-warm reads as many files
 	// as it takes to pass the cache.
 	cfg.BlobfsArgs = []string{"--block-cache-mb=16"}

@@ -158,6 +158,10 @@ type Config struct {
 	// mount with --block-cache-mb BlockCacheMB.
 	MemorySize   int64
 	BlockCacheMB int64
+	// Mounts mount in one process for memory-mounts, each streaming a
+	// file of MountFileSize.
+	Mounts        int
+	MountFileSize int64
 
 	// FewStrategies limits the SDK download strategies tried for
 	// seq-read to three (one single-stream and two parallel) instead of
@@ -200,6 +204,8 @@ func DefaultConfig() Config {
 		FaultyBandwidth: 32 * MiB,
 		MemorySize:      4 * GiB,
 		BlockCacheMB:    256,
+		Mounts:          50,
+		MountFileSize:   128 * MiB,
 		Others:          true,
 		DropCaches:      os.Geteuid() == 0,
 	}
@@ -216,6 +222,8 @@ func QuickConfig() Config {
 	c.FaultySize = 32 * MiB
 	c.MemorySize = 128 * MiB
 	c.BlockCacheMB = 32
+	c.Mounts = 8
+	c.MountFileSize = 32 * MiB
 	c.FewStrategies = true
 	return c
 }
@@ -257,6 +265,8 @@ func (c *Config) validate() error {
 		{"SmallFiles", int64(c.SmallFiles), 1},
 		{"SmallFileSize", int64(c.SmallFileSize), 1},
 		{"BlockCacheMB", c.BlockCacheMB, 8},
+		{"Mounts", int64(c.Mounts), 1},
+		{"MountFileSize", c.MountFileSize, MiB},
 	} {
 		if s.v < s.least {
 			return fmt.Errorf("bench: %s %d is below %d", s.name, s.v, s.least)

@@ -20,11 +20,8 @@ import (
 	"github.com/blobfs/blobfs/fusefs"
 )
 
-const (
-	mountsCount    = 50
-	mountsMemoryMB = 2048
-	mountsFileSize = 128 * MiB
-)
+// mountsMemoryMB is the budget of memory-mounts: blobfs csi's default.
+const mountsMemoryMB = 2048
 
 // serveMountsEnv makes blobfs-bench the serving child of the figure
 // (ServeMountsChild), with a serveMountsSpec in JSON.
@@ -38,7 +35,8 @@ type serveMountsSpec struct {
 
 // ServeMountsChild serves the figure's mounts when this process is its
 // child, until stdin closes, and reports true; otherwise it returns false
-// at once. blobfs-bench calls it first thing.
+// at once. Every binary that runs the figure (blobfs-bench, this package's
+// tests) calls it first thing: the child is that binary started again.
 func ServeMountsChild() (bool, error) {
 	raw := os.Getenv(serveMountsEnv)
 	if raw == "" {
@@ -80,12 +78,13 @@ func ServeMountsChild() (bool, error) {
 	return true, nil
 }
 
-// memoryMounts: peak RSS of one process serving mountsCount read-only
+// memoryMounts: peak RSS of one process serving Config.Mounts read-only
 // mounts of a local store, each streaming its own file at once, against
 // the budget plus two read blocks a mount plus 64 MiB.
 func (r *runner) memoryMounts(ctx context.Context) Row {
+	mountsCount, mountsFileSize := r.cfg.Mounts, r.cfg.MountFileSize
 	perMount := int64(2 * fusefs.DefaultReadBlockSize)
-	allowed := float64(mountsMemoryMB<<20+mountsCount*perMount+64*MiB) / MiB
+	allowed := float64(mountsMemoryMB<<20+int64(mountsCount)*perMount+64*MiB) / MiB
 	row := Row{ID: FigMemoryMounts, Figure: fmt.Sprintf("peak RSS, %d mounts in one process streaming at once, budget %d MiB", mountsCount, mountsMemoryMB),
 		Unit: UnitMiB, Baseline: allowed, BaselineName: fmt.Sprintf("budget + 2 read blocks a mount + 64 MiB"), Target: Target{Max: 1}}
 	work, err := r.newDir("mounts")

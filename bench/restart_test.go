@@ -12,9 +12,16 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// The restart benchmark's applications are this test binary, started
-	// again.
+	// The restart benchmark's applications, and memory-mounts' serving
+	// process, are this test binary, started again.
 	RestartAppMain()
+	if child, err := ServeMountsChild(); child {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "serving mounts:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
 }
 
