@@ -457,6 +457,10 @@ const (
 	fillChunk = 8 << 20
 )
 
+// DiskFillBytes is the most memory the fills of a process hold at once
+// (their workers' buffers).
+const DiskFillBytes = maxFills * fillWorkers * fillChunk
+
 // fillDisk fetches a file that a handle reads at random into the disk
 // cache, whole, in the background, as blobfuse2's file cache does at open:
 // random reads then come from disk as soon as their part is there, and on

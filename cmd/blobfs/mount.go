@@ -557,10 +557,15 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 	// stays within its configured memory: the block cache (its full-size
 	// blocks are mapped outside the heap, but a cache full of small files
 	// is all heap), the blocks of files being written that are in flight
-	// (fusefs.Options.UploadConcurrency), request buffers. A limit below
+	// (fusefs.Options.UploadConcurrency), the buffers of files being
+	// fetched whole into a disk cache, request buffers. A limit below
 	// what is in use would make the GC run without pause.
 	fo := fsys.Options()
-	debug.SetMemoryLimit(fo.BlockCacheBytes + 2*int64(fo.UploadConcurrency)*fo.UploadBlockSize + 48<<20)
+	limit := fo.BlockCacheBytes + 2*int64(fo.UploadConcurrency)*fo.UploadBlockSize + 48<<20
+	if fo.DiskCache != nil {
+		limit += fusefs.DiskFillBytes
+	}
+	debug.SetMemoryLimit(limit)
 
 	mo := c.mount
 	mo.ReadOnly = opts.ReadOnly
