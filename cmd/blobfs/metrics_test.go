@@ -73,19 +73,7 @@ func TestMountMetrics(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(store, "read.bin"), make([]byte, 3<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	log := filepath.Join(t.TempDir(), "log")
-	out, err := exec.Command(bin, "mount", "--local-dir", store, "--log-file", log, "--metrics-address", addr, mp).CombinedOutput()
-	if err != nil {
-		t.Fatalf("mount: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		exec.Command(bin, "unmount", mp).Run()
-		syscall.Unmount(mp, syscall.MNT_DETACH)
-		if t.Failed() {
-			b, _ := os.ReadFile(log)
-			t.Logf("log:\n%s", b)
-		}
-	})
+	mountInBackground(t, bin, mp, "--local-dir", store, "--metrics-address", addr)
 	if b, err := os.ReadFile(filepath.Join(mp, "read.bin")); err != nil || len(b) != 3<<20 {
 		t.Fatalf("read through the mount: %d bytes, %v", len(b), err)
 	}
@@ -193,20 +181,7 @@ func TestMountDiskCache(t *testing.T) {
 	if out, err := exec.Command(bin, "mount", "--local-dir", store, "--read-only", "--disk-cache-mb", "-1", mp).CombinedOutput(); err == nil || !strings.Contains(string(out), "--disk-cache-mb -1: must be between 0") {
 		t.Fatalf("--disk-cache-mb -1: %v\n%s", err, out)
 	}
-	log := filepath.Join(t.TempDir(), "log")
-	out, err := exec.Command(bin, "mount", "--local-dir", store, "--read-only", "--disk-cache-mb", "256", "--disk-cache-dir", disk,
-		"--log-file", log, "--metrics-address", addr, mp).CombinedOutput()
-	if err != nil {
-		t.Fatalf("mount: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		exec.Command(bin, "unmount", mp).Run()
-		syscall.Unmount(mp, syscall.MNT_DETACH)
-		if t.Failed() {
-			b, _ := os.ReadFile(log)
-			t.Logf("log:\n%s", b)
-		}
-	})
+	mountInBackground(t, bin, mp, "--local-dir", store, "--read-only", "--disk-cache-mb", "256", "--disk-cache-dir", disk, "--metrics-address", addr)
 	read := func() {
 		t.Helper()
 		f, err := os.Open(filepath.Join(mp, "data.bin"))
@@ -247,4 +222,25 @@ func TestMountDiskCache(t *testing.T) {
 	waitWorker(t, mp, w.pid)
 	read() // the successor: cold cache, from the store
 	readUntilPassthrough("its successor")
+}
+
+// mountInBackground runs `blobfs mount ARGS... --log-file LOG MP` (which
+// detaches once mounted), and unmounts at the test's end, showing the log
+// if the test failed.
+func mountInBackground(t *testing.T, bin, mp string, args ...string) {
+	t.Helper()
+	log := filepath.Join(t.TempDir(), "log")
+	argv := append(append([]string{"mount"}, args...), "--log-file", log, mp)
+	out, err := exec.Command(bin, argv...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("mount: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		exec.Command(bin, "unmount", mp).Run()
+		syscall.Unmount(mp, syscall.MNT_DETACH)
+		if t.Failed() {
+			b, _ := os.ReadFile(log)
+			t.Logf("log:\n%s", b)
+		}
+	})
 }
