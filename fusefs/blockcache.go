@@ -440,22 +440,9 @@ func (c *blockCache) fetch(b *block, size int64) {
 		n = 0
 	}
 	buf := b.buf[:n]
-	got, fromDisk := c.disk.read(b.key.name, b.key.etag, size, buf, off)
-	var err error
-	if !fromDisk {
-		got, err = c.store.ReadAt(context.Background(), b.key.name, buf, off, b.key.etag)
-		if c.fetched != nil {
-			c.fetched.Add(int64(got))
-		}
-		if errors.Is(err, io.EOF) {
-			err = nil
-		}
-		if err == nil {
-			// Before ready: once readers have it, the block may be
-			// evicted and its buffer reused.
-			c.disk.keep(b.key.name, b.key.etag, size, buf[:got], off)
-		}
-	}
+	// Before ready: once readers have the block, it may be evicted and its
+	// buffer reused, and readThrough writes the disk cache from it.
+	got, err := readThrough(context.Background(), c.store, c.disk, c.fetched, b.key.name, b.key.etag, size, buf, off)
 	b.buf = buf[:got]
 	b.err = err
 	close(b.ready)

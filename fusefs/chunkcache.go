@@ -3,7 +3,6 @@ package fusefs
 import (
 	"container/list"
 	"context"
-	"errors"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -97,18 +96,9 @@ func (c *chunkCache) read(ctx context.Context, name, etag string, size int64, p 
 	if missFrom >= 0 {
 		from, to := missFrom*randomChunk, min((missTo+1)*randomChunk, size)
 		buf := make([]byte, to-from)
-		got, fromDisk := c.disk.read(name, etag, size, buf, from)
-		if !fromDisk {
-			var err error
-			got, err = c.store.ReadAt(ctx, name, buf, from, etag)
-			c.fetched.Add(int64(got))
-			if errors.Is(err, io.EOF) {
-				err = nil
-			}
-			if err != nil {
-				return 0, err
-			}
-			c.disk.keep(name, etag, size, buf[:got], from)
+		got, err := readThrough(ctx, c.store, c.disk, c.fetched, name, etag, size, buf, from)
+		if err != nil {
+			return 0, err
 		}
 		buf = buf[:got]
 		for i := missFrom; i <= missTo; i++ {

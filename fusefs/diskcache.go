@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"container/list"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/blobfs/blobfs/blobstore"
 )
 
 // DiskCache keeps blob content that reads fetched in files on a local disk,
@@ -176,16 +179,10 @@ func (c *DiskCache) read(ns, name, etag string, size int64, p []byte, off int64)
 		return 0, false
 	}
 	c.mu.Lock()
-	e := c.entries[diskKey{ns, name, etag}]
-	if e == nil || e.size != size {
+	e := c.holdingLocked(diskKey{ns, name, etag}, size, off, end)
+	if e == nil {
 		c.mu.Unlock()
 		return 0, false
-	}
-	for i := off / diskUnit; i <= (end-1)/diskUnit; i++ {
-		if !e.has(i) {
-			c.mu.Unlock()
-			return 0, false
-		}
 	}
 	c.pinLocked(e)
 	c.mu.Unlock()
@@ -202,16 +199,22 @@ func (c *DiskCache) read(ns, name, etag string, size int64, p []byte, off int64)
 func (c *DiskCache) holds(ns, name, etag string, size, off, end int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e := c.entries[diskKey{ns, name, etag}]
-	if e == nil || e.size != size {
-		return false
+	return c.holdingLocked(diskKey{ns, name, etag}, size, off, min(end, size)) != nil
+}
+
+// holdingLocked returns the cache file of key (a blob of size bytes) if it
+// holds every unit under [off, end), else nil.
+func (c *DiskCache) holdingLocked(key diskKey, size, off, end int64) *diskEntry {
+	e := c.entries[key]
+	if e == nil || e.size != size || off >= end {
+		return nil
 	}
-	for i := off / diskUnit; i <= (min(end, size)-1)/diskUnit; i++ {
+	for i := off / diskUnit; i <= (end-1)/diskUnit; i++ {
 		if !e.has(i) {
-			return false
+			return nil
 		}
 	}
-	return true
+	return e
 }
 
 // store writes data, the blob's bytes at off, into its cache file, making
@@ -419,6 +422,33 @@ func (c *DiskCache) removeDropped() {
 	}
 }
 
+// readThrough reads p, the bytes of blob name (of size bytes, version
+// etag) at off, for a cache of the blob's content: from the disk cache when
+// it holds them, else from the store, counting what the store sent in
+// fetched (if not nil) and keeping it in the disk cache. It returns what
+// it read; fewer bytes than len(p) only at the end of the blob, without
+// error. disk may be nil (no disk cache).
+//
+// The caller must not let p be reused before readThrough returns: the disk
+// cache is written from it.
+func readThrough(ctx context.Context, store blobstore.Store, disk *diskTier, fetched *atomic.Int64, name, etag string, size int64, p []byte, off int64) (int, error) {
+	if got, ok := disk.read(name, etag, size, p, off); ok {
+		return got, nil
+	}
+	got, err := store.ReadAt(ctx, name, p, off, etag)
+	if fetched != nil {
+		fetched.Add(int64(got))
+	}
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	if err != nil {
+		return got, err
+	}
+	disk.keep(name, etag, size, p[:got], off)
+	return got, nil
+}
+
 // diskTier is the disk cache as one mount's block and chunk caches see it:
 // below them, above the store. Its methods do nothing on a nil tier (no
 // disk cache).
@@ -510,13 +540,9 @@ func (fs *FS) fillDiskNow(path, etag string, size int64) {
 			buf := make([]byte, bs)
 			for off := range offs {
 				n := min(bs, size-off)
-				got, err := fs.store.ReadAt(fs.ctx, path, buf[:n], off, etag)
-				fs.fetched.Add(int64(got))
-				if err != nil && !errors.Is(err, io.EOF) {
+				if _, err := readThrough(fs.ctx, fs.store, fs.disk, &fs.fetched, path, etag, size, buf[:n], off); err != nil {
 					failed.CompareAndSwap(nil, &err)
-					continue
 				}
-				fs.disk.keep(path, etag, size, buf[:got], off)
 			}
 		}()
 	}
