@@ -103,6 +103,9 @@ func propsAttrs(name string, p blob.GetPropertiesResponse) Attrs {
 		ModTime:  deref(p.LastModified),
 		ETag:     quoteETag(p.ETag),
 		Metadata: fromAzureMetadata(p.Metadata),
+		// Content-MD5 is a blob property; the header of that name
+		// on a ranged GET would be the range's.
+		ContentMD5: p.ContentMD5,
 	}
 }
 
@@ -207,6 +210,7 @@ func (a *Azure) List(ctx context.Context, opts ListOptions) (ListPage, error) {
 			at.Size = deref(pr.ContentLength)
 			at.ModTime = deref(pr.LastModified)
 			at.ETag = quoteETag(pr.ETag)
+			at.ContentMD5 = pr.ContentMD5
 		}
 		page.Blobs = append(page.Blobs, at)
 	}
@@ -233,6 +237,8 @@ func (a *Azure) Put(ctx context.Context, name string, data []byte, opts PutOptio
 		ModTime:  deref(resp.LastModified),
 		ETag:     quoteETag(resp.ETag),
 		Metadata: lowerKeys(opts.Metadata),
+		// The service keeps the body's MD5, which it checked.
+		ContentMD5: resp.ContentMD5,
 	}, nil
 }
 
@@ -277,19 +283,27 @@ func (a *Azure) CommitBlocks(ctx context.Context, name string, blockIDs []string
 			return Attrs{}, err
 		}
 	}
+	var headers *blob.HTTPHeaders
+	if len(opts.ContentMD5) > 0 {
+		// x-ms-blob-content-md5: the service does not check it (it
+		// has no MD5 of the whole), it keeps it for readers.
+		headers = &blob.HTTPHeaders{BlobContentMD5: opts.ContentMD5}
+	}
 	resp, err := a.client.NewBlockBlobClient(name).CommitBlockList(ctx, blockIDs, &blockblob.CommitBlockListOptions{
 		Metadata:         toAzureMetadata(opts.Metadata),
 		AccessConditions: accessConditions(opts.Conditions),
+		HTTPHeaders:      headers,
 	})
 	if err != nil {
 		return Attrs{}, mapAzureError(ctx, OpCommitBlocks, name, opts.Conditions, err)
 	}
 	return a.attrsAfterCommit(ctx, name, Attrs{
-		Name:     name,
-		Size:     -1,
-		ModTime:  deref(resp.LastModified),
-		ETag:     quoteETag(resp.ETag),
-		Metadata: lowerKeys(opts.Metadata),
+		Name:       name,
+		Size:       -1,
+		ModTime:    deref(resp.LastModified),
+		ETag:       quoteETag(resp.ETag),
+		Metadata:   lowerKeys(opts.Metadata),
+		ContentMD5: opts.ContentMD5,
 	})
 }
 

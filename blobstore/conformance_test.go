@@ -3,6 +3,7 @@ package blobstore_test
 import (
 	"bytes"
 	"context"
+	"crypto/md5"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -49,6 +50,7 @@ func TestConformance(t *testing.T) {
 		{"InvalidMetadata", testInvalidMetadata},
 		{"Check", testCheck},
 		{"Upload", testUpload},
+		{"ContentMD5", testContentMD5},
 		{"ConcurrentIncrements", testConcurrentIncrements},
 		{"ConcurrentCreate", testConcurrentCreate},
 		{"ConcurrentTree", testConcurrentTree},
@@ -826,6 +828,68 @@ func testCheck(t *testing.T, s blobstore.Store) {
 	}
 }
 
+// testContentMD5: the store keeps a Content-MD5 as Azure does: a Put's of
+// its body, a commit's only when sent, and both through Copy and
+// SetMetadata; Stat and List return it.
+func testContentMD5(t *testing.T, s blobstore.Store) {
+	ctx := t.Context()
+	data := randomBytes(7, 3000)
+	sum := md5.Sum(data)
+	want := func(name string, sum []byte) {
+		t.Helper()
+		if got := stat(t, s, name).ContentMD5; !bytes.Equal(got, sum) {
+			t.Errorf("%s: Stat Content-MD5 %x, want %x", name, got, sum)
+		}
+		page, err := s.List(ctx, blobstore.ListOptions{Prefix: name})
+		if err != nil || len(page.Blobs) == 0 || page.Blobs[0].Name != name {
+			t.Fatalf("%s: List = %+v, %v", name, page, err)
+		}
+		if got := page.Blobs[0].ContentMD5; !bytes.Equal(got, sum) {
+			t.Errorf("%s: List Content-MD5 %x, want %x", name, got, sum)
+		}
+	}
+	if a := put(t, s, "md5/put", data, nil); !bytes.Equal(a.ContentMD5, sum[:]) {
+		t.Errorf("Put returned Content-MD5 %x, want %x", a.ContentMD5, sum)
+	}
+	want("md5/put", sum[:])
+
+	nonce := blobstore.NewBlockNonce()
+	commit := func(name string, md5 []byte) blobstore.Attrs {
+		t.Helper()
+		ids := []string{blobstore.BlockID(nonce, 0), blobstore.BlockID(nonce, 1)}
+		for i, part := range [][]byte{data[:1000], data[1000:]} {
+			if err := s.StageBlock(ctx, name, ids[i], part); err != nil {
+				t.Fatal(err)
+			}
+		}
+		a, err := s.CommitBlocks(ctx, name, ids, blobstore.PutOptions{ContentMD5: md5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	commit("md5/blocks-none", nil)
+	want("md5/blocks-none", nil)
+	if a := commit("md5/blocks", sum[:]); !bytes.Equal(a.ContentMD5, sum[:]) {
+		t.Errorf("CommitBlocks returned Content-MD5 %x, want %x", a.ContentMD5, sum)
+	}
+	want("md5/blocks", sum[:])
+	// The store keeps what it is given: a writer's wrong MD5 is the
+	// readers' to find.
+	wrong := md5.Sum([]byte("something else"))
+	commit("md5/blocks-wrong", wrong[:])
+	want("md5/blocks-wrong", wrong[:])
+
+	if _, err := s.Copy(ctx, "md5/copy", "md5/blocks"); err != nil {
+		t.Fatal(err)
+	}
+	want("md5/copy", sum[:])
+	if _, err := s.SetMetadata(ctx, "md5/blocks", map[string]string{"k": "v"}, blobstore.Conditions{}); err != nil {
+		t.Fatal(err)
+	}
+	want("md5/blocks", sum[:])
+}
+
 func testUpload(t *testing.T, s blobstore.Store) {
 	ctx := t.Context()
 	const bs = 64 << 10
@@ -860,6 +924,12 @@ func testUpload(t *testing.T, s blobstore.Store) {
 			}
 			if got := readAll(t, s, name); !bytes.Equal(got, data) {
 				t.Errorf("content differs from what was uploaded (%d vs %d bytes)", len(got), len(data))
+			}
+			// Every upload leaves the MD5 of the whole for readers,
+			// staged blocks too (hashed beside them, in order).
+			sum := md5.Sum(data)
+			if got := stat(t, s, name).ContentMD5; !bytes.Equal(got, sum[:]) {
+				t.Errorf("Content-MD5 %x, want %x", got, sum)
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package blobstore
 
 import (
 	"context"
+	"crypto/md5"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -119,6 +120,7 @@ type localMeta struct {
 	ETag     string            `json:"etag"`
 	ModTime  int64             `json:"mtime"` // Last-Modified, Unix seconds
 	Metadata map[string]string `json:"md,omitempty"`
+	MD5      []byte            `json:"md5,omitempty"` // Content-MD5
 }
 
 // NewLocal opens the container kept in directory dir, which must exist. It
@@ -444,13 +446,14 @@ func syntheticMeta(fi fs.FileInfo) localMeta {
 	}
 }
 
-func newLocalMeta(md map[string]string) localMeta {
+func newLocalMeta(md map[string]string, sum []byte) localMeta {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return localMeta{
 		ETag:     fmt.Sprintf(`"0x%016X"`, binary.LittleEndian.Uint64(b[:])),
 		ModTime:  time.Now().Unix(),
 		Metadata: cloneMetadata(md),
+		MD5:      slices.Clone(sum),
 	}
 }
 
@@ -470,11 +473,12 @@ func writeMeta(f *os.File, m localMeta) error {
 
 func (m localMeta) attrs(name string, size int64) Attrs {
 	return Attrs{
-		Name:     name,
-		Size:     size,
-		ModTime:  time.Unix(m.ModTime, 0).UTC(),
-		ETag:     m.ETag,
-		Metadata: cloneMetadata(m.Metadata),
+		Name:       name,
+		Size:       size,
+		ModTime:    time.Unix(m.ModTime, 0).UTC(),
+		ETag:       m.ETag,
+		Metadata:   cloneMetadata(m.Metadata),
+		ContentMD5: slices.Clone(m.MD5),
 	}
 }
 
@@ -716,7 +720,8 @@ func (l *Local) Put(ctx context.Context, name string, data []byte, opts PutOptio
 		os.Remove(f.Name())
 		return Attrs{}, fmt.Errorf("local store: put %q: %w", name, err)
 	}
-	m := newLocalMeta(opts.Metadata)
+	sum := md5.Sum(data) // kept as the blob's Content-MD5, as Azure does
+	m := newLocalMeta(opts.Metadata, sum[:])
 	if err := finishTemp(f, m); err != nil {
 		return Attrs{}, err
 	}
@@ -1008,7 +1013,7 @@ func (l *Local) CommitBlocks(ctx context.Context, name string, blockIDs []string
 	if err != nil {
 		return Attrs{}, err
 	}
-	size, tmp, err := l.concatBlocks(ctx, name, claimed, blockIDs, opts.Metadata)
+	size, tmp, err := l.concatBlocks(ctx, name, claimed, blockIDs, opts.Metadata, opts.ContentMD5)
 	if err == nil {
 		err = l.publish(ctx, name, tmp.name, opts.Conditions)
 	}
@@ -1097,7 +1102,7 @@ type finishedTemp struct {
 
 // concatBlocks writes the listed blocks, in order, into a new temporary
 // file with metadata md.
-func (l *Local) concatBlocks(ctx context.Context, name, claimed string, ids []string, md map[string]string) (int64, finishedTemp, error) {
+func (l *Local) concatBlocks(ctx context.Context, name, claimed string, ids []string, md map[string]string, sum []byte) (int64, finishedTemp, error) {
 	f, err := l.createTemp("commit")
 	if err != nil {
 		return 0, finishedTemp{}, err
@@ -1125,7 +1130,7 @@ func (l *Local) concatBlocks(ctx context.Context, name, claimed string, ids []st
 		}
 		size += n
 	}
-	m := newLocalMeta(md)
+	m := newLocalMeta(md, sum)
 	if err := finishTemp(f, m); err != nil {
 		return 0, finishedTemp{}, err
 	}
@@ -1221,7 +1226,7 @@ func (l *Local) Copy(ctx context.Context, dst, src string) (Attrs, error) {
 		os.Remove(f.Name())
 		return Attrs{}, fmt.Errorf("local store: copy %q to %q: %w", src, dst, err)
 	}
-	m := newLocalMeta(srcMeta.Metadata)
+	m := newLocalMeta(srcMeta.Metadata, srcMeta.MD5)
 	if err := finishTemp(f, m); err != nil {
 		return Attrs{}, err
 	}
@@ -1263,7 +1268,7 @@ func (l *Local) SetMetadata(ctx context.Context, name string, md map[string]stri
 	if err := evalConditions(name, cond, true, m.ETag); err != nil {
 		return Attrs{}, err
 	}
-	nm := newLocalMeta(md)
+	nm := newLocalMeta(md, m.MD5)
 	if err := writeMeta(f, nm); err != nil {
 		return Attrs{}, err
 	}

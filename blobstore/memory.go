@@ -2,6 +2,7 @@ package blobstore
 
 import (
 	"context"
+	"crypto/md5"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
@@ -37,6 +38,7 @@ type memBlob struct {
 	etag    string
 	modTime time.Time
 	md      map[string]string // owned by the store; copied in and out
+	md5     []byte            // Content-MD5, never modified once stored
 }
 
 var _ Store = (*Memory)(nil)
@@ -79,13 +81,14 @@ func (m *Memory) begin(ctx context.Context, op Op) error {
 
 // commitLocked stores data as name's new content, replacing any old one,
 // and drops the name's uncommitted blocks, as every write in Azure does.
-func (m *Memory) commitLocked(name string, data memData, md map[string]string) Attrs {
+func (m *Memory) commitLocked(name string, data memData, md map[string]string, sum []byte) Attrs {
 	m.etagSeq++
 	b := &memBlob{
 		data:    data,
 		etag:    fmt.Sprintf(`"0x%X"`, m.etagSeq),
 		modTime: time.Now().UTC().Truncate(time.Second),
 		md:      cloneMetadata(md),
+		md5:     slices.Clone(sum),
 	}
 	if _, ok := m.blobs[name]; !ok {
 		i, _ := slices.BinarySearch(m.names, name)
@@ -98,11 +101,12 @@ func (m *Memory) commitLocked(name string, data memData, md map[string]string) A
 
 func (b *memBlob) attrs(name string) Attrs {
 	return Attrs{
-		Name:     name,
-		Size:     b.data.size(),
-		ModTime:  b.modTime,
-		ETag:     b.etag,
-		Metadata: cloneMetadata(b.md),
+		Name:       name,
+		Size:       b.data.size(),
+		ModTime:    b.modTime,
+		ETag:       b.etag,
+		Metadata:   cloneMetadata(b.md),
+		ContentMD5: slices.Clone(b.md5),
 	}
 }
 
@@ -220,6 +224,7 @@ func (m *Memory) current(name string) (bool, string) {
 // Put implements Store.
 func (m *Memory) Put(ctx context.Context, name string, data []byte, opts PutOptions) (Attrs, error) {
 	data = slices.Clone(data) // before the lock: other requests go on meanwhile
+	sum := md5.Sum(data)      // kept as the blob's Content-MD5, as Azure does
 	if err := m.begin(ctx, OpPut); err != nil {
 		return Attrs{}, err
 	}
@@ -231,7 +236,7 @@ func (m *Memory) Put(ctx context.Context, name string, data []byte, opts PutOpti
 	if err := evalConditions(name, opts.Conditions, exists, etag); err != nil {
 		return Attrs{}, err
 	}
-	return m.commitLocked(name, memData{data}, opts.Metadata), nil
+	return m.commitLocked(name, memData{data}, opts.Metadata, sum[:]), nil
 }
 
 // StageBlock implements Store.
@@ -290,7 +295,7 @@ func (m *Memory) CommitBlocks(ctx context.Context, name string, blockIDs []strin
 			data = append(data, blocks[id])
 		}
 	}
-	return m.commitLocked(name, data, opts.Metadata), nil
+	return m.commitLocked(name, data, opts.Metadata, opts.ContentMD5), nil
 }
 
 // Delete implements Store.
@@ -337,7 +342,7 @@ func (m *Memory) Copy(ctx context.Context, dst, src string) (Attrs, error) {
 		return Attrs{}, notFound(src)
 	}
 	// b.data is immutable, so the copy can share it.
-	return m.commitLocked(dst, b.data, b.md), nil
+	return m.commitLocked(dst, b.data, b.md, b.md5), nil
 }
 
 // SetMetadata implements Store.
@@ -365,7 +370,7 @@ func (m *Memory) SetMetadata(ctx context.Context, name string, md map[string]str
 	// Setting metadata is a write: new ETag and Last-Modified, same
 	// content. It does not touch uncommitted blocks.
 	staged := m.staged[name]
-	a := m.commitLocked(name, b.data, md)
+	a := m.commitLocked(name, b.data, md, b.md5)
 	if staged != nil {
 		m.staged[name] = staged
 	}

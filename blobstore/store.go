@@ -81,6 +81,11 @@ type Attrs struct {
 	ModTime  time.Time // Last-Modified
 	ETag     string    // opaque; changes on every write
 	Metadata map[string]string
+	// ContentMD5 is the MD5 of the whole content the store keeps with
+	// the blob (Azure's Content-MD5), or nil when it has none: Put
+	// Blob stores one, Put Block List only when the writer sends it
+	// (PutOptions.ContentMD5). Readers of the whole blob check it.
+	ContentMD5 []byte
 }
 
 // ListOptions selects one page of a listing.
@@ -108,6 +113,11 @@ type Conditions struct {
 // PutOptions configure Put and CommitBlocks.
 type PutOptions struct {
 	Metadata map[string]string
+	// ContentMD5, if set, is kept as the blob's Content-MD5 by
+	// CommitBlocks: the MD5 of the whole content, which the service
+	// cannot compute from the blocks. Put ignores it and keeps the MD5
+	// of its body, as Azure does.
+	ContentMD5 []byte
 	Conditions
 }
 

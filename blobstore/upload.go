@@ -2,6 +2,7 @@ package blobstore
 
 import (
 	"context"
+	"crypto/md5"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -117,6 +118,23 @@ func Upload(ctx context.Context, s Store, name string, r io.ReaderAt, size int64
 	nonce := NewBlockNonce()
 	ids := make([]string, nblocks)
 
+	// The blob's Content-MD5, for its readers: one pass over r in order,
+	// beside the blocks (which are read in parallel, out of order).
+	putOpts := opts.PutOptions
+	var sum []byte
+	hashed := make(chan error, 1)
+	// Not gctx: Wait cancels that when the blocks are done.
+	hctx, stopHash := context.WithCancel(ctx)
+	defer stopHash()
+	if len(putOpts.ContentMD5) == 0 {
+		go func() {
+			var err error
+			sum, err = md5Of(hctx, r, size)
+			hashed <- err
+		}()
+	} else {
+		hashed <- nil
+	}
 	// SetLimit(conc) keeps at most conc goroutines alive, and each holds
 	// one buffer from free, so at most conc buffers ever exist.
 	g, gctx := errgroup.WithContext(ctx)
@@ -157,13 +175,41 @@ func Upload(ctx context.Context, s Store, name string, r io.ReaderAt, size int64
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
+	err := g.Wait()
+	if err != nil {
+		stopHash()
+	}
+	if herr := <-hashed; err == nil && herr != nil {
+		err = fmt.Errorf("blobstore: upload %q: read source: %w", name, herr)
+	}
+	if err != nil {
 		return Attrs{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		return Attrs{}, err
 	}
-	return s.CommitBlocks(ctx, name, ids, opts.PutOptions)
+	if sum != nil {
+		putOpts.ContentMD5 = sum
+	}
+	return s.CommitBlocks(ctx, name, ids, putOpts)
+}
+
+// md5Of returns the MD5 of the first size bytes of r.
+func md5Of(ctx context.Context, r io.ReaderAt, size int64) ([]byte, error) {
+	h := md5.New()
+	buf := make([]byte, min(size, 256<<10))
+	for off := int64(0); off < size; {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		n := min(int64(len(buf)), size-off)
+		if err := readFull(r, buf[:n], off); err != nil {
+			return nil, err
+		}
+		h.Write(buf[:n])
+		off += n
+	}
+	return h.Sum(nil), nil
 }
 
 // readFull fills p from r at off, treating a short source as

@@ -523,7 +523,7 @@ var mountOptionNames = []string{
 	"upload-block-mb", "upload-concurrency", "attr-timeout", "entry-timeout", "negative-timeout",
 	"list-timeout", "read-only", "allow-other", "uid", "gid", "umask",
 	"fuse-readers", "retry-attempts", "retry-max-delay", "debug-fuse",
-	"file-mode", "dir-mode", "posix-attrs",
+	"file-mode", "dir-mode", "posix-attrs", "write-back", "write-back-mb", "verify-md5",
 }
 
 // blobfuseMountOptions are the blobfuse options of blob-csi-driver's
@@ -652,6 +652,11 @@ func parseMountOptions(opts []string, field string) (mountSettings, error) {
 			}
 		case "write-back":
 			s.FS.WriteBack, err = boolVal()
+		case "verify-md5", "validate-md5":
+			// validate-md5: blobfuse2's name for the same check.
+			var on bool
+			on, err = boolVal()
+			s.FS.NoContentCheck = !on
 		case "write-back-mb":
 			var n int64
 			n, err = intVal(1, 1<<30)

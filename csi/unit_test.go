@@ -106,13 +106,21 @@ func TestMountOptions(t *testing.T) {
 	if s, err := parseMountOptions([]string{"write-back", "write-back-mb=512"}, "f"); err != nil || !s.FS.WriteBack || s.FS.WriteBackBytes != 512<<20 {
 		t.Errorf("write-back options: %+v, %v", s.FS, err)
 	}
+	for opt, off := range map[string]bool{"verify-md5=false": true, "validate_md5=false": true, "verify-md5": false, "--validate-md5=true": false} {
+		if s, err := parseMountOptions([]string{opt}, "f"); err != nil || s.FS.NoContentCheck != off {
+			t.Errorf("%s: NoContentCheck %v, %v; want %v", opt, s.FS.NoContentCheck, err, off)
+		}
+	}
+	if defaultMountSettings().FS.NoContentCheck {
+		t.Error("CSI volumes do not check Content-MD5 by default")
+	}
 	d := defaultMountSettings()
 	if !d.Mount.AllowOther || d.FS.Umask != 0 {
 		t.Errorf("CSI defaults: %+v", d)
 	}
 	for _, bad := range []string{"cache-dir=/x", "local-dir=/", "container=x", "log-file=/etc/passwd", "uid=-1", "umask=999",
 		"block-cache-mb=0", "prefetch-files=-1", "attr-timeout=forever", "ro=maybe", "block-cache-mb=8,read-block-mb=8",
-		"write-back=sometimes", "write-back-mb=0"} {
+		"write-back=sometimes", "write-back-mb=0", "verify-md5=maybe"} {
 		if _, err := parseMountOptions([]string{bad}, "f"); err == nil {
 			t.Errorf("mount option %q accepted", bad)
 		}

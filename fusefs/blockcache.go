@@ -69,6 +69,9 @@ type blockCache struct {
 	// disk, if not nil, is asked before the store, and keeps what the
 	// store sent (diskcache.go).
 	disk *diskTier
+	// sums checks whole reads against Content-MD5 (contentsum.go); nil:
+	// no checks.
+	sums *sumChecks
 }
 
 type blockKey struct {
@@ -442,7 +445,19 @@ func (c *blockCache) fetch(b *block, size int64) {
 	buf := b.buf[:n]
 	// Before ready: once readers have the block, it may be evicted and its
 	// buffer reused, and readThrough writes the disk cache from it.
-	got, err := readThrough(context.Background(), c.store, c.disk, c.fetched, b.key.name, b.key.etag, size, buf, off)
+	check := c.sums.begin(b.key.name, b.key.etag, off, n)
+	got, err := readThrough(context.Background(), c.store, c.disk, nil, c.fetched, b.key.name, b.key.etag, size, buf, off)
+	// Before ready too: the fetch that completes a whole read's hash
+	// fails on a mismatch. A block that lands ahead of the hash stays
+	// pinned until the hash reaches it.
+	if verr := c.sums.endHeld(check, buf[:got], err, func() func() {
+		c.mu.Lock()
+		c.pinLocked(b)
+		c.mu.Unlock()
+		return func() { c.unpin(b) }
+	}); err == nil {
+		err = verr
+	}
 	b.buf = buf[:got]
 	b.err = err
 	close(b.ready)
@@ -642,7 +657,31 @@ func (c *blockCache) close() {
 	c.cond.Broadcast()
 }
 
-// stats returns hit and miss counts.
+// dropVersion forgets every block of one version of a blob (its content
+// did not match its Content-MD5); a block pinned now is freed by its last
+// unpin.
+func (c *blockCache) dropVersion(name, etag string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for key, b := range c.blocks {
+		if key.name != name || key.etag != etag {
+			continue
+		}
+		if b.queued {
+			c.unqueueLocked(b)
+			c.abandonLocked(b)
+			continue
+		}
+		delete(c.blocks, key)
+		if b.elem != nil {
+			c.listOf(b).Remove(b.elem)
+			b.elem = nil
+			c.disownLocked(b)
+			c.releaseBufLocked(b.buf)
+		}
+	}
+}
+
 // usage is the memory the cache's blocks take.
 func (c *blockCache) usage() int64 {
 	c.mu.Lock()

@@ -2,7 +2,9 @@ package fusefs
 
 import (
 	"context"
+	"crypto/md5"
 	"errors"
+	"hash"
 	"io"
 	"os"
 	"sync"
@@ -45,13 +47,70 @@ type blockStream struct {
 
 	wg sync.WaitGroup
 
+	// hash is the MD5 of the blocks in order, the blob's Content-MD5.
+	hash *streamHash
+
 	mu  sync.Mutex
 	ids []string
 	err error
 }
 
 func (fs *FS) newBlockStream(name string) *blockStream {
-	return &blockStream{fs: fs, name: name, nonce: blobstore.NewBlockNonce(), bs: fs.opts.UploadBlockSize}
+	return &blockStream{fs: fs, name: name, nonce: blobstore.NewBlockNonce(), bs: fs.opts.UploadBlockSize, hash: newStreamHash()}
+}
+
+// streamHash is the MD5 of a stream's blocks, which are read back in
+// parallel and hashed in order: each waits for the blocks before it.
+// That wait cannot deadlock: every block before one being hashed was
+// handed to its own goroutine first, with its buffer, and the first
+// block not hashed yet waits for nothing.
+type streamHash struct {
+	mu     sync.Mutex
+	cond   *sync.Cond
+	h      hash.Hash
+	next   int64 // bytes hashed
+	broken bool  // a block was not read: there will be no sum
+}
+
+func newStreamHash() *streamHash {
+	s := &streamHash{h: md5.New()}
+	s.cond = sync.NewCond(&s.mu)
+	return s
+}
+
+// add hashes the block at off once the bytes before it are hashed.
+func (s *streamHash) add(off int64, p []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for !s.broken && s.next < off {
+		s.cond.Wait()
+	}
+	if !s.broken && s.next == off {
+		s.h.Write(p)
+		s.next += int64(len(p))
+	} else {
+		s.broken = true
+	}
+	s.cond.Broadcast()
+}
+
+// fail says a block will never be added.
+func (s *streamHash) fail() {
+	s.mu.Lock()
+	s.broken = true
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+// sum returns the MD5 of the stream's size bytes, or nil when they were
+// not all hashed.
+func (s *streamHash) sum(size int64) []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken || s.next != size {
+		return nil
+	}
+	return s.h.Sum(nil)
 }
 
 // stageFull starts uploads of every full block below size not yet handed
@@ -105,7 +164,10 @@ func (st *blockStream) stage(ctx context.Context, id string, spill io.ReaderAt, 
 		err = io.ErrUnexpectedEOF
 	}
 	if err == nil {
+		st.hash.add(off, buf)
 		err = st.fs.store.StageBlock(ctx, st.name, id, buf)
+	} else {
+		st.hash.fail()
 	}
 	if err != nil {
 		st.mu.Lock()
@@ -185,6 +247,7 @@ func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64
 	if err != nil {
 		return blobstore.Attrs{}, err
 	}
+	opts.ContentMD5 = st.hash.sum(size)
 	return st.fs.store.CommitBlocks(ctx, st.name, ids, opts)
 }
 

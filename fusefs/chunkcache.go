@@ -36,6 +36,7 @@ type chunkCache struct {
 	capacity int64
 	fetched  *atomic.Int64 // bytes downloaded for reads, shared with the block cache
 	disk     *diskTier     // asked before the store (diskcache.go); may be nil
+	sums     *sumChecks    // checks whole reads (contentsum.go); may be nil
 
 	mu     sync.Mutex
 	chunks map[blockKey]*list.Element // of *chunk
@@ -96,7 +97,7 @@ func (c *chunkCache) read(ctx context.Context, name, etag string, size int64, p 
 	if missFrom >= 0 {
 		from, to := missFrom*randomChunk, min((missTo+1)*randomChunk, size)
 		buf := make([]byte, to-from)
-		got, err := readThrough(ctx, c.store, c.disk, c.fetched, name, etag, size, buf, from)
+		got, err := readThrough(ctx, c.store, c.disk, c.sums, c.fetched, name, etag, size, buf, from)
 		if err != nil {
 			return 0, err
 		}
@@ -148,6 +149,19 @@ func (c *chunkCache) keep(key blockKey, data []byte) {
 		c.lru.Remove(e)
 		delete(c.chunks, ch.key)
 		c.used -= int64(len(ch.data))
+	}
+}
+
+// dropVersion forgets every chunk of one version of a blob.
+func (c *chunkCache) dropVersion(name, etag string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for key, e := range c.chunks {
+		if key.name == name && key.etag == etag {
+			c.lru.Remove(e)
+			delete(c.chunks, key)
+			c.used -= int64(len(e.Value.(*chunk).data))
+		}
 	}
 }
 

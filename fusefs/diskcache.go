@@ -431,9 +431,14 @@ func (c *DiskCache) removeDropped() {
 //
 // The caller must not let p be reused before readThrough returns: the disk
 // cache is written from it.
-func readThrough(ctx context.Context, store blobstore.Store, disk *diskTier, fetched *atomic.Int64, name, etag string, size int64, p []byte, off int64) (int, error) {
+//
+// A blob being read whole is hashed here against its Content-MD5 (sums,
+// which may be nil): the read that completes a mismatching blob fails with
+// errContentMismatch.
+func readThrough(ctx context.Context, store blobstore.Store, disk *diskTier, sums *sumChecks, fetched *atomic.Int64, name, etag string, size int64, p []byte, off int64) (int, error) {
+	check := sums.begin(name, etag, off, int64(len(p)))
 	if got, ok := disk.read(name, etag, size, p, off); ok {
-		return got, nil
+		return got, sums.end(check, p[:got], nil)
 	}
 	got, err := store.ReadAt(ctx, name, p, off, etag)
 	if fetched != nil {
@@ -443,10 +448,25 @@ func readThrough(ctx context.Context, store blobstore.Store, disk *diskTier, fet
 		err = nil
 	}
 	if err != nil {
+		sums.end(check, nil, err)
 		return got, err
 	}
 	disk.keep(name, etag, size, p[:got], off)
-	return got, nil
+	return got, sums.end(check, p[:got], nil)
+}
+
+// forget drops the cache file of a version, if any.
+func (t *diskTier) forget(name, etag string) {
+	if t == nil {
+		return
+	}
+	c := t.cache
+	c.mu.Lock()
+	if e := c.entries[diskKey{t.ns, name, etag}]; e != nil {
+		c.dropLocked(e)
+	}
+	c.mu.Unlock()
+	c.removeDropped()
 }
 
 // diskTier is the disk cache as one mount's block and chunk caches see it:
@@ -540,7 +560,7 @@ func (fs *FS) fillDiskNow(path, etag string, size int64) {
 			buf := make([]byte, bs)
 			for off := range offs {
 				n := min(bs, size-off)
-				if _, err := readThrough(fs.ctx, fs.store, fs.disk, &fs.fetched, path, etag, size, buf[:n], off); err != nil {
+				if _, err := readThrough(fs.ctx, fs.store, fs.disk, fs.sums, &fs.fetched, path, etag, size, buf[:n], off); err != nil {
 					failed.CompareAndSwap(nil, &err)
 				}
 			}

@@ -200,7 +200,7 @@ func (fs *FS) committed(n *node, path string, a blobstore.Attrs, size int64) {
 	e.size = size
 	fs.mu.Lock()
 	n.inStore = true
-	n.etag, n.size, n.mtime = a.ETag, size, e.mtime
+	n.etag, n.size, n.mtime, n.sum = a.ETag, size, e.mtime, e.sum
 	n.attrExpiry = time.Now().Add(fs.opts.AttrTimeout)
 	fs.mu.Unlock()
 	dir, name := splitPath(path)
@@ -442,6 +442,9 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 	if !inStore || off >= size {
 		return fuse.ReadResultData(nil), fuse.OK
 	}
+	if err := fs.sums.expect(path, etag, size, fs.storedSum(h.n, etag)); err != nil {
+		return nil, toStatus(err)
+	}
 	random := fs.readAhead(h, path, etag, size, off, len(buf))
 	res, err := fs.readStored(ctx, random, path, etag, size, buf, off)
 	if errors.Is(err, blobstore.ErrPreconditionFailed) {
@@ -452,7 +455,9 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 			fs.mu.Lock()
 			fs.applyEntryLocked(h.n, entryFromAttrs(a))
 			fs.mu.Unlock()
-			res, err = fs.readStored(ctx, random, path, a.ETag, a.Size, buf, off)
+			if err = fs.sums.expect(path, a.ETag, a.Size, sumOf(a.ContentMD5)); err == nil {
+				res, err = fs.readStored(ctx, random, path, a.ETag, a.Size, buf, off)
+			}
 		}
 	}
 	if err != nil {

@@ -77,7 +77,11 @@ func (fs *FS) prefetchAfterOpen(path string) {
 		if it.name <= ahead {
 			continue // handed out already
 		}
-		if !fs.blocks.prefetch(blockKey{joinPath(dir, it.name), e.etag, 0}, e.size, 0) {
+		path := joinPath(dir, it.name)
+		if fs.sums.expect(path, e.etag, e.size, e.sum) != nil {
+			continue // known not to match its Content-MD5
+		}
+		if !fs.blocks.prefetch(blockKey{path, e.etag, 0}, e.size, 0) {
 			break // no fetch slot or no room: try again at the next open
 		}
 		handed = it.name

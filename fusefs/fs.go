@@ -67,6 +67,9 @@ type FS struct {
 	// kernel reads them itself (passthrough.go).
 	disk        *diskTier
 	passthrough passthrough
+	// sums checks whole reads against the blobs' Content-MD5
+	// (contentsum.go); nil with Options.NoContentCheck.
+	sums *sumChecks
 	// writeBackPending sums the sizes of the files whose write-back
 	// upload has not ended; writeBackSlots bounds those uploading
 	// (writeback.go). keptFiles counts the files whose data went to
@@ -150,6 +153,14 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		fs.disk = &diskTier{cache: opts.DiskCache, ns: ns}
 		fs.blocks.disk, fs.chunks.disk = fs.disk, fs.disk
 	}
+	if !opts.NoContentCheck {
+		fs.sums = newSumChecks(fs.log, func(name, etag string) {
+			fs.blocks.dropVersion(name, etag)
+			fs.chunks.dropVersion(name, etag)
+			fs.disk.forget(name, etag)
+		})
+		fs.blocks.sums, fs.chunks.sums = fs.sums, fs.sums
+	}
 	if opts.State != nil {
 		if err := fs.attachState(opts.State); err != nil {
 			cancel()
@@ -203,6 +214,9 @@ type Stats struct {
 	// not be uploaded and is kept in the cache directory's lost+found.
 	WriteBackBytes int64
 	KeptFiles      int64
+	// ContentVerified: whole reads of blobs that matched their
+	// Content-MD5. ContentMismatches: those that did not, and failed.
+	ContentVerified, ContentMismatches int64
 }
 
 // Stats returns the mount's Stats now. It costs a stat of each open file's
@@ -241,6 +255,7 @@ func (fs *FS) Stats() Stats {
 	}
 	s.PassthroughOpens = fs.passthrough.opens.Load()
 	s.WriteBackBytes, s.KeptFiles = fs.writeBackPending.Load(), fs.keptFiles.Load()
+	s.ContentVerified, s.ContentMismatches = fs.sums.stats()
 	return s
 }
 
@@ -327,7 +342,7 @@ func (fs *FS) applyEntryLocked(n *node, e dirEntry) {
 	if n.file != nil && n.file.hasSpill.Load() {
 		return
 	}
-	n.size, n.mtime, n.etag = e.size, e.mtime, e.etag
+	n.size, n.mtime, n.etag, n.sum = e.size, e.mtime, e.etag, e.sum
 	n.inStore = !e.pending
 	if !e.pending || !n.attrsKnown {
 		// A pending entry is this mount's own: the node has the
@@ -381,6 +396,16 @@ func (fs *FS) fileState(n *node) (path, etag string, size int64, inStore, ok boo
 	defer fs.mu.Unlock()
 	path, ok = fs.nodes.path(n)
 	return path, n.etag, n.size, n.inStore, ok
+}
+
+// storedSum returns the Content-MD5 of n's blob at version etag, if known.
+func (fs *FS) storedSum(n *node, etag string) contentSum {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if n.etag != etag {
+		return contentSum{}
+	}
+	return n.sum
 }
 
 // node returns the node for id and its path.
@@ -785,7 +810,7 @@ func (fs *FS) refreshEntry(n *node, path string) {
 		return
 	}
 	fs.mu.Lock()
-	e := dirEntry{kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag, target: n.target, pending: !n.inStore, attrs: n.attrs}
+	e := dirEntry{kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag, sum: n.sum, target: n.target, pending: !n.inStore, attrs: n.attrs}
 	fs.mu.Unlock()
 	dir, name := splitPath(path)
 	if _, found, ok := fs.lists.lookup(dir, name); ok && found {

@@ -517,8 +517,9 @@ type dirEntry struct {
 	size    int64
 	mtime   time.Time
 	etag    string
-	target  string // symlinks: unknown ("") in listings
-	pending bool   // created here, not yet committed
+	sum     contentSum // Content-MD5
+	target  string     // symlinks: unknown ("") in listings
+	pending bool       // created here, not yet committed
 	attrs   posixAttrs
 }
 

@@ -68,7 +68,7 @@ func metaTrue(md map[string]string, key string) bool {
 // symlink or a regular file.
 func entryFromAttrs(a blobstore.Attrs) dirEntry {
 	m := readMeta(a.Metadata)
-	e := dirEntry{kind: kindFile, size: a.Size, mtime: a.ModTime, etag: a.ETag, attrs: m.posix}
+	e := dirEntry{kind: kindFile, size: a.Size, mtime: a.ModTime, etag: a.ETag, sum: sumOf(a.ContentMD5), attrs: m.posix}
 	switch {
 	case m.isFolder:
 		e.kind, e.size = kindDir, 0

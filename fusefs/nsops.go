@@ -488,7 +488,7 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 	touchDirLocked(srcDir, now)
 	touchDirLocked(dstDir, now)
 	src.attrs.ctime = now // in memory, as a directory's times: a rename is a status change
-	e := dirEntry{kind: src.kind, size: src.size, mtime: src.mtime, etag: src.etag, pending: !src.inStore, attrs: src.attrs}
+	e := dirEntry{kind: src.kind, size: src.size, mtime: src.mtime, etag: src.etag, sum: src.sum, pending: !src.inStore, attrs: src.attrs}
 	fs.batchLocked(func() {
 		fs.nodes.move(src, dstDir.id, newName)
 		fs.completeIntentLocked(intent, 0, 0)

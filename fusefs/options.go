@@ -115,6 +115,10 @@ type Options struct {
 	// waiting for upload: over it, close uploads first. Default 4 GiB.
 	WriteBack      bool
 	WriteBackBytes int64
+	// NoContentCheck turns off the check of whole reads against the
+	// blob's Content-MD5 (contentsum.go), which costs an MD5 pass over
+	// what readers fetch from offset 0.
+	NoContentCheck bool
 	// DiskCache, if not nil, keeps what reads fetch on a local disk
 	// (diskcache.go), shared with every mount of the process given the
 	// same one; files held whole are opened with FUSE passthrough where

@@ -311,8 +311,8 @@ func checkFlagTables(t *testing.T, docs []*mdFile) {
 			}
 		})
 	}
-	// CSI mount options are mount flags (and the two aliases csi accepts).
-	aliases := map[string]bool{"ro": true, "allow_other": true}
+	// CSI mount options are mount flags (and the aliases csi accepts).
+	aliases := map[string]bool{"ro": true, "allow_other": true, "validate-md5": true}
 	for _, cell := range tableFirstColumns(t, ref, "Mount options of CSI volumes") {
 		for _, m := range codeSpan.FindAllStringSubmatch(cell, -1) {
 			if sets["mount"].Lookup(m[1]) == nil && !aliases[m[1]] {

@@ -1,0 +1,222 @@
+package fusefs
+
+import (
+	"bytes"
+	"context"
+	"crypto/md5"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// commitWithSum stores data as blob name in blocks of bs bytes, with the
+// Content-MD5 sum: a writer that set a wrong one, or content that changed
+// after it was hashed.
+func commitWithSum(t *testing.T, s blobstore.Store, name string, data []byte, bs int, sum []byte) {
+	t.Helper()
+	ctx := t.Context()
+	nonce := blobstore.NewBlockNonce()
+	var ids []string
+	for off := 0; off < len(data); off += bs {
+		id := blobstore.BlockID(nonce, len(ids))
+		if err := s.StageBlock(ctx, name, id, data[off:min(off+bs, len(data))]); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if _, err := s.CommitBlocks(ctx, name, ids, blobstore.PutOptions{ContentMD5: sum}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Every file blobfs writes gets the MD5 of its whole content as its
+// Content-MD5: a small file (one Put), a file streamed in blocks, and a
+// file written out of order (uploaded whole from its spill file).
+func TestContentMD5OfWrittenFiles(t *testing.T) {
+	mem := blobstore.NewMemory()
+	const bs = 1 << 20
+	mnt, _ := mountStore(t, mem, Options{UploadBlockSize: bs})
+	small := pattern(5000, 1)
+	streamed := pattern(5*bs+1234, 2)
+	scattered := pattern(3*bs+99, 3)
+	mustWrite(t, join(mnt, "small"), small)
+	mustWrite(t, join(mnt, "streamed"), streamed)
+
+	f, err := os.Create(join(mnt, "scattered"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The tail first, then the head: no block can be streamed.
+	half := len(scattered) / 2
+	if _, err := f.WriteAt(scattered[half:], int64(half)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(scattered[:half], 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"small": small, "streamed": streamed, "scattered": scattered} {
+		a, err := mem.Stat(t.Context(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum := md5.Sum(data); !bytes.Equal(a.ContentMD5, sum[:]) {
+			t.Errorf("%s: Content-MD5 %x, want %x", name, a.ContentMD5, sum)
+		}
+	}
+}
+
+// A whole read is checked against the blob's Content-MD5, though its
+// blocks are fetched in parallel and land out of order (a store whose
+// requests take a random time). A mismatch fails the read of the last
+// bytes and every later read of that version with EIO, and is counted; a
+// blob that matches, or has no Content-MD5, reads as usual.
+func TestContentMD5CheckedOnWholeReads(t *testing.T) {
+	mem := blobstore.NewMemory()
+	store := blobstore.NewFaulty(mem, blobstore.FaultOptions{Latency: time.Millisecond, Jitter: 20 * time.Millisecond})
+	const block = 256 << 10
+	good := pattern(20*block+777, 4)
+	bad := pattern(20*block+777, 5)
+	goodSum, wrongSum := md5.Sum(good), md5.Sum(append([]byte("x"), bad...))
+	for i := range 3 {
+		commitWithSum(t, mem, fmt.Sprintf("good%d", i), good, 3*block, goodSum[:])
+	}
+	commitWithSum(t, mem, "bad", bad, 3*block, wrongSum[:])
+	commitWithSum(t, mem, "none", bad, 3*block, nil)
+	commitWithSum(t, mem, "small-bad", bad[:3000], 3*block, wrongSum[:])
+	mnt, fsys := mountStore(t, store, Options{ReadBlockSize: block, BlockCacheBytes: 64 * block})
+
+	for i := range 3 {
+		// A new blob each time, so that nothing is cached.
+		name := fmt.Sprintf("good%d", i)
+		before := fsys.Stats().ContentVerified
+		if got := mustRead(t, join(mnt, name)); !bytes.Equal(got, good) {
+			t.Fatal("good: content differs")
+		}
+		if v := fsys.Stats().ContentVerified; v != before+1 {
+			t.Fatalf("good: verified whole reads %d -> %d, want one more", before, v)
+		}
+	}
+	if got := mustRead(t, join(mnt, "none")); !bytes.Equal(got, bad) {
+		t.Fatal("none: content differs")
+	}
+
+	for _, name := range []string{"bad", "small-bad"} {
+		f, err := os.Open(join(mnt, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(f)
+		f.Close()
+		if !errorsIsErrno(err, syscall.EIO) {
+			t.Fatalf("%s: whole read gave %d bytes and %v, want EIO", name, len(got), err)
+		}
+		// Again, from a new open: the kernel may keep the pages it
+		// had, not the ones that failed.
+		if got, err := os.ReadFile(join(mnt, name)); !errorsIsErrno(err, syscall.EIO) {
+			t.Fatalf("%s: second whole read gave %d bytes and %v, want EIO", name, len(got), err)
+		}
+	}
+	if s := fsys.Stats(); s.ContentMismatches != 2 {
+		t.Errorf("mismatches counted %d, want 2", s.ContentMismatches)
+	}
+
+	// Off, the same blob reads (as it did before blobfs checked).
+	mnt2, fsys2 := mountStore(t, store, Options{ReadBlockSize: block, NoContentCheck: true})
+	if got := mustRead(t, join(mnt2, "bad")); !bytes.Equal(got, bad) {
+		t.Fatal("bad, unchecked: content differs")
+	}
+	if s := fsys2.Stats(); s.ContentVerified != 0 || s.ContentMismatches != 0 {
+		t.Errorf("unchecked mount counted %+v", s)
+	}
+}
+
+func errorsIsErrno(err error, want syscall.Errno) bool {
+	var errno syscall.Errno
+	for e := err; e != nil; {
+		if x, ok := e.(syscall.Errno); ok {
+			errno = x
+			break
+		}
+		u, ok := e.(interface{ Unwrap() error })
+		if !ok {
+			break
+		}
+		e = u.Unwrap()
+	}
+	return errno == want
+}
+
+// The order rule of sumChecks: a range beyond the hashed prefix waits for
+// a fetch in flight that covers the prefix's end, and gives the pass up
+// when none does; a fetch of the first bytes starts a new pass.
+func TestSumChecksOrder(t *testing.T) {
+	data := pattern(300, 9)
+	sum := contentSum(md5.Sum(data))
+	s := newSumChecks(testLogger(t), nil)
+	if err := s.expect("a", "e1", 300, sum); err != nil {
+		t.Fatal(err)
+	}
+	f0 := s.begin("a", "e1", 0, 100)
+	f1 := s.begin("a", "e1", 100, 100)
+	f2 := s.begin("a", "e1", 200, 100)
+	done := make(chan error, 2)
+	go func() { done <- s.end(f2, data[200:], nil) }()
+	go func() { done <- s.end(f1, data[100:200], nil) }()
+	select {
+	case err := <-done:
+		t.Fatalf("a range ended before the one before it was hashed: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := s.end(f0, data[:100], nil); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v, m := s.stats(); v != 1 || m != 0 {
+		t.Fatalf("verified %d, mismatches %d; want 1, 0", v, m)
+	}
+
+	// A gap with nothing in flight over it: no verdict, no wait.
+	if err := s.expect("a", "e2", 300, sum); err != nil {
+		t.Fatal(err)
+	}
+	g := s.begin("a", "e2", 100, 100)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	go func() { done <- s.end(g, data[100:200], nil) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("a range with a gap before it waited")
+	}
+	// A new pass from 0 with a wrong byte: a mismatch, then the version
+	// is refused.
+	bad := append([]byte(nil), data...)
+	bad[250]++
+	for off := int64(0); off < 300; off += 100 {
+		err := s.end(s.begin("a", "e2", off, 100), bad[off:off+100], nil)
+		if (err != nil) != (off == 200) {
+			t.Fatalf("range at %d: %v", off, err)
+		}
+	}
+	if err := s.expect("a", "e2", 300, sum); err != errContentMismatch {
+		t.Fatalf("expect of a corrupt version: %v", err)
+	}
+	if _, m := s.stats(); m != 1 {
+		t.Fatalf("mismatches %d, want 1", m)
+	}
+}
