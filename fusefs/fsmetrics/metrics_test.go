@@ -1,7 +1,10 @@
 package fsmetrics
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
+	"strings"
 	"path/filepath"
 	"testing"
 	"time"
@@ -112,5 +115,89 @@ func TestVolumeGauges(t *testing.T) {
 	m.Untrack(fsys)
 	if _, ok := value(t, m, "blobfs_volume_dirty_bytes", "vol-1"); ok {
 		t.Error("the volume's series outlive Untrack")
+	}
+}
+
+// opCounts gathers blobfs_fuse_operations_total by op.
+func opCounts(t *testing.T, m *Metrics) map[string]float64 {
+	t.Helper()
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != "blobfs_fuse_operations_total" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			out[label(s, "op")] += s.GetCounter().GetValue()
+		}
+	}
+	return out
+}
+
+// TestLsLongCostPerEntry: what `ls -l` of a directory costs, in FUSE
+// round trips and store requests, on a fresh mount (nothing cached): the
+// entries come with their attributes (READDIRPLUS), so no entry costs a
+// LOOKUP or GETATTR of its own, the kernel stops asking for extended
+// attributes after the first ENOSYS, and the store sees a listing, not a
+// request per entry.
+func TestLsLongCostPerEntry(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (mount)")
+	}
+	ls, err := exec.LookPath("ls")
+	if err != nil {
+		t.Skip("no ls")
+	}
+	const n = 2000
+	mem := blobstore.NewMemory()
+	for i := range n {
+		if _, err := mem.Put(t.Context(), fmt.Sprintf("d/f%05d", i), []byte("x"), blobstore.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := New()
+	fsys, err := fusefs.New(mem, fusefs.Options{CacheDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	mnt := t.TempDir()
+	sess, err := fusefs.Mount(mnt, m.InstrumentFS(fsys), fusefs.MountOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sess.Unmount(true); sess.Wait() }()
+
+	ops, reqs := opCounts(t, m), mem.Requests()
+	out, err := exec.Command(ls, "-l", filepath.Join(mnt, "d")).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Count(string(out), "\n"); lines != n+1 { // "total" first
+		t.Fatalf("ls -l printed %d lines, want %d", lines, n+1)
+	}
+	after, afterReqs := opCounts(t, m), mem.Requests()
+	var store int64
+	for op, c := range afterReqs {
+		store += c - reqs[op]
+	}
+	per := map[string]float64{}
+	for op, c := range after {
+		if d := c - ops[op]; d > 0 {
+			per[op] = d
+		}
+	}
+	t.Logf("ls -l of %d entries: FUSE %v; store requests %d", n, per, store)
+	if perEntry := (per["lookup"] + per["getattr"]) / n; perEntry > 0.05 {
+		t.Errorf("%.2f LOOKUP+GETATTR per entry; the listing carries the attributes", perEntry)
+	}
+	if x := per["getxattr"] + per["listxattr"]; x > 4 {
+		t.Errorf("%v xattr requests; ENOSYS should stop them after the first", x)
+	}
+	if store > 3 {
+		t.Errorf("%d store requests; one listing should do", store)
 	}
 }
