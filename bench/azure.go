@@ -304,13 +304,17 @@ func (a *azureEnv) uploadStrategies(newName func() string, data []byte) []strate
 		}}
 	}
 	// staged: what blobfs does, so that the comparison is with the same
-	// integrity check: blocks staged in parallel, each with its
-	// Content-MD5, then Put Block List. (The SDK's UploadBuffer can only
-	// compute a CRC64 per block, which Azurite does not check.)
+	// integrity checks: blocks staged in parallel, each with its
+	// Content-MD5, and Put Block List with the MD5 of the whole as the
+	// blob's Content-MD5, hashed beside the blocks (as azcopy --put-md5
+	// does). (The SDK's UploadBuffer can only compute a CRC64 per block,
+	// which Azurite does not check, and no MD5 of the whole.)
 	staged := func(block int64, conc int) strategy {
-		return with(fmt.Sprintf("StageBlock %s × %d, Content-MD5 each", human(block), conc), func(ctx context.Context, b *blockblob.Client) error {
+		return with(fmt.Sprintf("StageBlock %s × %d, Content-MD5 each and of the whole", human(block), conc), func(ctx context.Context, b *blockblob.Client) error {
 			n := (int64(len(data)) + block - 1) / block
 			ids := make([]string, n)
+			whole := make(chan [md5.Size]byte, 1)
+			go func() { whole <- md5.Sum(data) }()
 			g, gctx := errgroup.WithContext(ctx)
 			g.SetLimit(conc)
 			for i := range n {
@@ -324,10 +328,11 @@ func (a *azureEnv) uploadStrategies(newName func() string, data []byte) []strate
 					return err
 				})
 			}
+			sum := <-whole
 			if err := g.Wait(); err != nil {
 				return err
 			}
-			_, err := b.CommitBlockList(ctx, ids, nil)
+			_, err := b.CommitBlockList(ctx, ids, &blockblob.CommitBlockListOptions{HTTPHeaders: &blob.HTTPHeaders{BlobContentMD5: sum[:]}})
 			return err
 		})
 	}

@@ -166,7 +166,7 @@ func (fs *FS) restore(saved *savedState) error {
 		if n == nil {
 			continue
 		}
-		h := &handle{id: fh, n: n, write: sh.write, io: sh.io}
+		h := &handle{id: fh, n: n, write: sh.write, io: sh.io, opened: sh.opened}
 		if !sh.dir {
 			if n.file == nil {
 				n.file = &openFile{fs: fs, n: n}

@@ -92,9 +92,12 @@ func serveChild() error {
 	// BLOBFS_TEST_CRASH names a crash point (FS.crashPoint) where this
 	// process kills itself: after the store changed and before the reply,
 	// for instance.
+	// BLOBFS_TEST_CRASH_AFTER=N passes the point N times first.
 	if where := os.Getenv("BLOBFS_TEST_CRASH"); where != "" {
+		var passes atomic.Int64
+		after, _ := strconv.ParseInt(os.Getenv("BLOBFS_TEST_CRASH_AFTER"), 10, 64)
 		fsys.crashHook = func(at string) {
-			if at == where {
+			if at == where && passes.Add(1) > after {
 				syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			}
 		}

@@ -162,7 +162,7 @@ func (fs *FS) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fus
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	h := fs.newHandleLocked(n, nil, false, ioCached)
+	h := fs.newHandleLocked(n, nil, false, ioCached, openReply{})
 	out.Fh = h.id
 	return fuse.OK
 }

@@ -471,3 +471,64 @@ func TestPassthroughAcrossServerKill(t *testing.T) {
 		readAll(t, path, data)
 	}
 }
+
+// TestResentOpenGetsItsHandle: the serving process dies after it made and
+// journaled a passthrough handle and before the OPEN's reply left. The
+// kernel sends the OPEN again to the next server, which must answer with
+// that handle: a new one would leave the journaled handle open forever (no
+// RELEASE comes for it), and every later open of the file would join its
+// backing file, serving the old content after the blob changed.
+func TestResentOpenGetsItsHandle(t *testing.T) {
+	h := newRestartHarness(t, "BLOBFS_TEST_READONLY=1", "BLOBFS_TEST_DISK_CACHE="+t.TempDir())
+	old, next := pattern(4<<20, 1), pattern(4<<20, 2)
+	putBlob(t, h.localStore(), "data", old, nil)
+	path := join(h.mnt, "data")
+	// The first open reads the file whole into the disk cache; the
+	// second, once the first is released, is passthrough, and the server
+	// dies before its reply.
+	h.start("BLOBFS_TEST_CRASH=open/reply/data", "BLOBFS_TEST_CRASH_AFTER=1")
+	readAll(t, path, old)
+	time.Sleep(300 * time.Millisecond) // the RELEASE of that open
+	opened := make(chan *os.File, 1)
+	go func() {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Error(err)
+		}
+		opened <- f
+	}()
+	h.waitExit()
+	h.start()
+	var f *os.File
+	select {
+	case f = <-opened:
+	case <-time.After(time.Minute):
+		t.Fatal("the open did not return after the restart")
+	}
+	if f == nil {
+		t.FailNow()
+	}
+	buf := make([]byte, len(old))
+	if _, err := f.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, old) {
+		t.Fatalf("read through the resent open's handle: %v", err)
+	}
+	f.Close()
+
+	// The blob changes; once every handle is released, an open sees it.
+	time.Sleep(300 * time.Millisecond)
+	putBlob(t, h.localStore(), "data", next, nil)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		time.Sleep(1100 * time.Millisecond) // attributes expire after 1 s
+		got, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Equal(got, next) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("opens still read the old content: a handle of the dead server was left open on its backing file")
+		}
+	}
+}

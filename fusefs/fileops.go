@@ -20,6 +20,10 @@ type handle struct {
 	write bool
 	// io is how the open reply set the kernel's io mode (passthrough.go).
 	io ioMode
+	// opened is the OPEN request that made the handle and the flags its
+	// reply carries: a resent OPEN is answered with this handle
+	// (resentOpenLocked). Zero for handles made otherwise.
+	opened openReply
 
 	raMu     sync.Mutex
 	raNext   int64 // where a sequential read continues
@@ -40,8 +44,14 @@ type handle struct {
 	dir   *dirStream // the directory pass; guarded by dirMu
 }
 
-func (fs *FS) newHandleLocked(n *node, of *openFile, write bool, io ioMode) *handle {
-	h := &handle{id: fs.nextHandle, n: n, of: of, write: write, io: io}
+// openReply is what the reply to an OPEN said: see handle.opened.
+type openReply struct {
+	unique uint64 // the request's unique, without resendBit
+	flags  uint32 // OpenOut.OpenFlags
+}
+
+func (fs *FS) newHandleLocked(n *node, of *openFile, write bool, io ioMode, opened openReply) *handle {
+	h := &handle{id: fs.nextHandle, n: n, of: of, write: write, io: io, opened: opened}
 	fs.nextHandle++
 	if of != nil && write {
 		of.writers++
@@ -237,6 +247,12 @@ func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.S
 	if write && fs.opts.ReadOnly {
 		return fuse.EROFS
 	}
+	fs.mu.Lock()
+	resent := fs.resentOpenLocked(in, out)
+	fs.mu.Unlock()
+	if resent {
+		return fuse.OK
+	}
 	ctx, cf := fs.reqContext()
 	defer cf()
 
@@ -284,9 +300,34 @@ func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.S
 	}
 	out.OpenFlags |= writeOnlyFlags(in.Flags)
 	io := fs.chooseIOLocked(n, path, write, out)
-	h := fs.newHandleLocked(n, of, write, io)
+	h := fs.newHandleLocked(n, of, write, io, openReply{unique: in.Unique &^ resendBit, flags: out.OpenFlags})
 	out.Fh = h.id
+	fs.crashPoint("open", "reply", n.name)
 	return fuse.OK
+}
+
+// resentOpenLocked answers an OPEN that the kernel sent again after a
+// restart (FUSE_NOTIFY_RESEND) whose handle a dead process had already
+// made and journaled: with that very handle, as its lost reply would have.
+// A new handle instead would leave the journaled one open for good, no
+// RELEASE ever coming for it; for a passthrough handle, every later open
+// of the file would then join its backing file, whatever the blob became.
+func (fs *FS) resentOpenLocked(in *fuse.OpenIn, out *fuse.OpenOut) bool {
+	if in.Unique&resendBit == 0 {
+		return false
+	}
+	unique := in.Unique &^ resendBit
+	for _, h := range fs.handles {
+		if h.opened.unique != unique || h.n.id != in.NodeId {
+			continue
+		}
+		out.Fh, out.OpenFlags = h.id, h.opened.flags
+		if h.io == ioPassthrough {
+			out.BackingID = h.n.io.backingID
+		}
+		return true
+	}
+	return false
 }
 
 // writeOnlyFlags opens a write-only handle with FOPEN_DIRECT_IO: its data
@@ -388,7 +429,7 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 		fs.nodes.ref(n)
 		fs.fillEntry(n, &out.EntryOut)
 		out.OpenFlags |= writeOnlyFlags(in.Flags)
-		h := fs.newHandleLocked(n, of, true, fs.chooseIOLocked(n, path, true, &out.OpenOut))
+		h := fs.newHandleLocked(n, of, true, fs.chooseIOLocked(n, path, true, &out.OpenOut), openReply{})
 		out.Fh = h.id
 		fs.completeIntentLocked(intent, n.id, h.id)
 	})

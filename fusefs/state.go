@@ -207,6 +207,7 @@ type savedHandle struct {
 	// existed say ioCached, the mode that blocks passthrough.
 	io        ioMode
 	backingID int32
+	opened    openReply
 }
 
 type savedFile struct {
@@ -349,6 +350,9 @@ func (st *savedState) apply(typ byte, body []byte) error {
 		case flags&8 != 0:
 			h.io, h.backingID = ioPassthrough, int32(r.u32())
 		}
+		if flags&16 != 0 {
+			h.opened = openReply{unique: r.u64(), flags: r.u32()}
+		}
 		st.handles[h.fh] = h
 		st.nextHandle = max(st.nextHandle, h.fh+1)
 	case recHandleDrop:
@@ -419,9 +423,16 @@ func handleRecord(dst []byte, h *handle) []byte {
 	case ioPassthrough:
 		flags |= 8
 	}
+	if h.opened.unique != 0 {
+		flags |= 16
+	}
 	w.u8(flags)
 	if h.io == ioPassthrough {
 		w.u32(uint32(h.n.io.backingID))
+	}
+	if h.opened.unique != 0 {
+		w.u64(h.opened.unique)
+		w.u32(h.opened.flags)
 	}
 	return frame(dst, recHandle, w.b)
 }
