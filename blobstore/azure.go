@@ -105,8 +105,18 @@ func propsAttrs(name string, p blob.GetPropertiesResponse) Attrs {
 		Metadata: fromAzureMetadata(p.Metadata),
 		// Content-MD5 is a blob property; the header of that name
 		// on a ranged GET would be the range's.
-		ContentMD5: p.ContentMD5,
+		ContentMD5: blockBlobMD5(p.BlobType, p.ContentMD5),
 	}
+}
+
+// blockBlobMD5 is a blob's Content-MD5 as the MD5 of its content: for
+// block blobs only. An append or page blob keeps the one it was created
+// with while its content changes, so it says nothing about the content.
+func blockBlobMD5(typ *blob.BlobType, sum []byte) []byte {
+	if typ != nil && *typ != blob.BlobTypeBlockBlob {
+		return nil
+	}
+	return sum
 }
 
 // ReadAt implements Store with one ranged GET whose body is read whole into
@@ -210,7 +220,7 @@ func (a *Azure) List(ctx context.Context, opts ListOptions) (ListPage, error) {
 			at.Size = deref(pr.ContentLength)
 			at.ModTime = deref(pr.LastModified)
 			at.ETag = quoteETag(pr.ETag)
-			at.ContentMD5 = pr.ContentMD5
+			at.ContentMD5 = blockBlobMD5(pr.BlobType, pr.ContentMD5)
 		}
 		page.Blobs = append(page.Blobs, at)
 	}

@@ -255,7 +255,7 @@ func (s *sumChecks) finish(f *sumFlight, data []byte, err error, hold func() fun
 	}
 	s.mismatches.Add(1)
 	s.markCorrupt(c.key)
-	s.log.Error("content does not match the blob's Content-MD5: reads of it fail with EIO",
+	s.log.Error("content does not match the blob's Content-MD5: reads of it fail with EIO (--verify-md5=false reads it anyway)",
 		"path", c.key.name, "etag", c.key.etag, "size", c.size,
 		"content_md5", hex.EncodeToString(c.want[:]), "read_md5", hex.EncodeToString(sum))
 	if s.onMismatch != nil {
