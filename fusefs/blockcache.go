@@ -70,8 +70,9 @@ type blockCache struct {
 	// store sent (diskcache.go).
 	disk *diskTier
 	// sums checks whole reads against Content-MD5 (contentsum.go); nil:
-	// no checks.
+	// no checks. held counts the blocks it keeps pinned (guarded by mu).
 	sums *sumChecks
+	held int64
 }
 
 type blockKey struct {
@@ -452,9 +453,19 @@ func (c *blockCache) fetch(b *block, size int64) {
 	// pinned until the hash reaches it.
 	if verr := c.sums.endHeld(check, buf[:got], err, func() func() {
 		c.mu.Lock()
+		defer c.mu.Unlock()
+		// At most half the cache held: readers must still find room.
+		if (c.held+1)*c.blockSize > c.capacity/2 {
+			return nil
+		}
+		c.held++
 		c.pinLocked(b)
-		c.mu.Unlock()
-		return func() { c.unpin(b) }
+		return func() {
+			c.mu.Lock()
+			c.held--
+			c.mu.Unlock()
+			c.unpin(b)
+		}
 	}); err == nil {
 		err = verr
 	}

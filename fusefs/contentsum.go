@@ -151,7 +151,10 @@ func (s *sumChecks) expect(name, etag string, size int64, want contentSum) error
 		// longer found.
 		delete(s.files, oldest.key)
 	}
-	c := &sumCheck{key: key, want: want, size: size, used: now, h: md5.New(), flights: map[*sumFlight]bool{}}
+	// No pass until a fetch of the first bytes begins one: bytes already
+	// cached would never be fetched, and blocks held for them would only
+	// wait for the timer, pinned.
+	c := &sumCheck{key: key, want: want, size: size, used: now, h: md5.New(), flights: map[*sumFlight]bool{}, broken: true}
 	c.cond = sync.NewCond(&c.mu)
 	s.files[key] = c
 	return nil
@@ -198,7 +201,8 @@ func (s *sumChecks) end(f *sumFlight, data []byte, err error) error {
 
 // endHeld is end for a block of the block cache: when it lands beyond the
 // hashed prefix it does not wait; hold pins it and returns its release,
-// and it is hashed when the prefix reaches it.
+// and it is hashed when the prefix reaches it. hold returns nil when the
+// cache cannot spare the block: the pass is then given up.
 func (s *sumChecks) endHeld(f *sumFlight, data []byte, err error, hold func() (release func())) error {
 	return s.finish(f, data, err, hold)
 }
@@ -222,8 +226,10 @@ func (s *sumChecks) finish(f *sumFlight, data []byte, err error, hold func() fun
 			break
 		}
 		if hold != nil && len(c.held) < maxHeld {
-			c.holdLocked(heldRange{off: f.off, data: data, release: hold()})
-			break
+			if release := hold(); release != nil {
+				c.holdLocked(heldRange{off: f.off, data: data, release: release})
+				break
+			}
 		}
 		if hold != nil || !c.coveredLocked(c.next) {
 			c.breakLocked()
