@@ -71,8 +71,8 @@ type BufferSource interface {
 // Upload writes size bytes from r as blob name: one Put when size is at
 // most opts.SingleShotLimit, otherwise blocks staged in parallel and then
 // committed in order, with opts.PutOptions on the final request. At most
-// opts.Concurrency blocks are in memory at a time. If any block fails, the
-// others are cancelled, nothing is committed and the blob is unchanged;
+// opts.Concurrency blocks are in memory at a time, and one more waiting for
+// a slot. If any block fails, the others are cancelled, nothing is committed and the blob is unchanged;
 // the staged blocks are left for the store to discard (Azure after a week,
 // Local on its next start after that, both on the blob's next write).
 //
@@ -118,28 +118,22 @@ func Upload(ctx context.Context, s Store, name string, r io.ReaderAt, size int64
 	nonce := NewBlockNonce()
 	ids := make([]string, nblocks)
 
-	// The blob's Content-MD5, for its readers: one pass over r in order,
-	// beside the blocks (which are read in parallel, out of order).
+	// The blob's Content-MD5, for its readers: the blocks are hashed in
+	// order, each once the one before it is, from the very bytes staged
+	// (r may change meanwhile: a file still being written). Buffers are
+	// taken in order, in this loop, so every block before the one hashing
+	// has its buffer and goes on: the wait cannot deadlock, even on a
+	// Buffers shared with other uploads.
 	putOpts := opts.PutOptions
-	var sum []byte
-	hashed := make(chan error, 1)
-	// Not gctx: Wait cancels that when the blocks are done.
-	hctx, stopHash := context.WithCancel(ctx)
-	defer stopHash()
-	if len(putOpts.ContentMD5) == 0 {
-		go func() {
-			var err error
-			sum, err = md5Of(hctx, r, size)
-			hashed <- err
-		}()
-	} else {
-		hashed <- nil
-	}
-	// SetLimit(conc) keeps at most conc goroutines alive, and each holds
-	// one buffer from free, so at most conc buffers ever exist.
+	hashing := len(putOpts.ContentMD5) == 0
+	h := md5.New()
+	prev := make(chan struct{}) // closed when the block before is hashed
+	close(prev)
+	// SetLimit(conc) keeps at most conc goroutines alive, each with one
+	// buffer; the loop holds one more while it waits for a slot.
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(conc)
-	free := make(chan []byte, conc)
+	free := make(chan []byte, conc+1)
 	for i := range nblocks {
 		if gctx.Err() != nil {
 			break // a block failed or ctx ended: stop starting more
@@ -147,24 +141,40 @@ func Upload(ctx context.Context, s Store, name string, r io.ReaderAt, size int64
 		ids[i] = BlockID(nonce, i)
 		off := int64(i) * bs
 		n := min(bs, size-off)
-		g.Go(func() error {
-			var buf []byte
-			if opts.Buffers != nil {
-				var err error
-				if buf, err = opts.Buffers.Get(gctx, n); err != nil {
-					return err
-				}
-				defer opts.Buffers.Put(buf)
-			} else {
-				select {
-				case buf = <-free:
-				default:
-					buf = make([]byte, bs)
-				}
-				defer func() { free <- buf }()
+		var buf []byte
+		if opts.Buffers != nil {
+			var err error
+			if buf, err = opts.Buffers.Get(gctx, n); err != nil {
+				break // gctx ended; Wait reports why
 			}
+		} else {
+			select {
+			case buf = <-free:
+			default:
+				buf = make([]byte, bs)
+			}
+		}
+		wait, done := prev, make(chan struct{})
+		prev = done
+		g.Go(func() error {
+			defer func() {
+				if opts.Buffers != nil {
+					opts.Buffers.Put(buf)
+				} else {
+					free <- buf
+				}
+			}()
 			if err := readFull(r, buf[:n], off); err != nil {
 				return fmt.Errorf("blobstore: upload %q: read source at %d: %w", name, off, err)
+			}
+			if hashing {
+				select {
+				case <-wait:
+				case <-gctx.Done():
+					return gctx.Err()
+				}
+				h.Write(buf[:n])
+				close(done)
 			}
 			if err := s.StageBlock(gctx, name, ids[i], buf[:n]); err != nil {
 				return err
@@ -175,41 +185,16 @@ func Upload(ctx context.Context, s Store, name string, r io.ReaderAt, size int64
 			return nil
 		})
 	}
-	err := g.Wait()
-	if err != nil {
-		stopHash()
-	}
-	if herr := <-hashed; err == nil && herr != nil {
-		err = fmt.Errorf("blobstore: upload %q: read source: %w", name, herr)
-	}
-	if err != nil {
+	if err := g.Wait(); err != nil {
 		return Attrs{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		return Attrs{}, err
 	}
-	if sum != nil {
-		putOpts.ContentMD5 = sum
+	if hashing {
+		putOpts.ContentMD5 = h.Sum(nil)
 	}
 	return s.CommitBlocks(ctx, name, ids, putOpts)
-}
-
-// md5Of returns the MD5 of the first size bytes of r.
-func md5Of(ctx context.Context, r io.ReaderAt, size int64) ([]byte, error) {
-	h := md5.New()
-	buf := make([]byte, min(size, 256<<10))
-	for off := int64(0); off < size; {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		n := min(int64(len(buf)), size-off)
-		if err := readFull(r, buf[:n], off); err != nil {
-			return nil, err
-		}
-		h.Write(buf[:n])
-		off += n
-	}
-	return h.Sum(nil), nil
 }
 
 // readFull fills p from r at off, treating a short source as

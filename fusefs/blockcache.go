@@ -454,8 +454,9 @@ func (c *blockCache) fetch(b *block, size int64) {
 	if verr := c.sums.endHeld(check, buf[:got], err, func() func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		// At most half the cache held: readers must still find room.
-		if (c.held+1)*c.blockSize > c.capacity/2 {
+		// At most 3/4 of the cache held (read-ahead's window at
+		// most): readers must still find room.
+		if (c.held+1)*c.blockSize > c.capacity*3/4 {
 			return nil
 		}
 		c.held++

@@ -125,7 +125,13 @@ func newSumChecks(log *slog.Logger, onMismatch func(name, etag string)) *sumChec
 
 // expect says a reader reads version etag of blob name, size bytes whose
 // MD5 is want. It fails for a version already found not to match.
-func (s *sumChecks) expect(name, etag string, size int64, want contentSum) error {
+//
+// start says the reader is at the first byte and the first block is not
+// cached or being fetched: a pass begins (unless one runs). A pass begun
+// by a fetch would start too late (read-ahead's fetches of later blocks
+// begin before it), and one whose first bytes come from a cache would
+// only hold blocks until the timer.
+func (s *sumChecks) expect(name, etag string, size int64, want contentSum, start bool) error {
 	if s == nil || !want.known() || size == 0 {
 		return nil
 	}
@@ -138,6 +144,9 @@ func (s *sumChecks) expect(name, etag string, size int64, want contentSum) error
 	}
 	if c := s.files[key]; c != nil {
 		c.used = now
+		if start {
+			c.startPass()
+		}
 		return nil
 	}
 	if len(s.files) >= maxSumChecks {
@@ -151,13 +160,36 @@ func (s *sumChecks) expect(name, etag string, size int64, want contentSum) error
 		// longer found.
 		delete(s.files, oldest.key)
 	}
-	// No pass until a fetch of the first bytes begins one: bytes already
-	// cached would never be fetched, and blocks held for them would only
-	// wait for the timer, pinned.
+	// No pass until a reader at the first byte begins one (start).
 	c := &sumCheck{key: key, want: want, size: size, used: now, h: md5.New(), flights: map[*sumFlight]bool{}, broken: true}
 	c.cond = sync.NewCond(&c.mu)
 	s.files[key] = c
+	if start {
+		c.startPass()
+	}
 	return nil
+}
+
+// startPass begins a pass from the first byte unless one runs.
+func (c *sumCheck) startPass() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.broken {
+		c.broken, c.next = false, 0
+		c.h.Reset()
+	}
+}
+
+// corrupt tells whether a version was found not to match: a read that
+// got its bytes from a fetch whose verdict went to another reader fails
+// too.
+func (s *sumChecks) isCorrupt(name, etag string) bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.corrupt[verKey{name, etag}]
 }
 
 // begin registers a fetch of [off, off+n) of a version; the fetch must end
@@ -175,12 +207,7 @@ func (s *sumChecks) begin(name, etag string, off, n int64) *sumFlight {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.broken {
-		if off != 0 {
-			return nil
-		}
-		// A new pass from the first byte.
-		c.broken, c.next = false, 0
-		c.h.Reset()
+		return nil
 	}
 	if off+n <= c.next {
 		return nil // hashed already
@@ -248,6 +275,9 @@ func (s *sumChecks) finish(f *sumFlight, data []byte, err error, hold func() fun
 	delete(c.flights, f)
 	c.mu.Unlock()
 	if sum == nil {
+		if err == nil && s.isCorrupt(c.key.name, c.key.etag) {
+			return errContentMismatch
+		}
 		return nil
 	}
 	s.mu.Lock()

@@ -161,7 +161,7 @@ func TestSumChecksOrder(t *testing.T) {
 	data := pattern(300, 9)
 	sum := contentSum(md5.Sum(data))
 	s := newSumChecks(testLogger(t), nil)
-	if err := s.expect("a", "e1", 300, sum); err != nil {
+	if err := s.expect("a", "e1", 300, sum, true); err != nil {
 		t.Fatal(err)
 	}
 	f0 := s.begin("a", "e1", 0, 100)
@@ -191,11 +191,14 @@ func TestSumChecksOrder(t *testing.T) {
 	// version's first fetch not at 0 starts no pass at all: its first
 	// bytes came from a cache, and blocks held for them would only sit
 	// pinned.)
-	if err := s.expect("a", "e2", 300, sum); err != nil {
+	if err := s.expect("a", "e2", 300, sum, false); err != nil {
 		t.Fatal(err)
 	}
-	if f := s.begin("a", "e2", 100, 100); f != nil {
-		t.Fatal("a pass began at offset 100")
+	if s.begin("a", "e2", 100, 100) != nil || s.begin("a", "e2", 0, 100) != nil {
+		t.Fatal("a pass began without a reader at the first byte")
+	}
+	if err := s.expect("a", "e2", 300, sum, true); err != nil {
+		t.Fatal(err)
 	}
 	s.end(s.begin("a", "e2", 0, 50), data[:50], nil)
 	g := s.begin("a", "e2", 100, 100)
@@ -214,13 +217,16 @@ func TestSumChecksOrder(t *testing.T) {
 	// is refused.
 	bad := append([]byte(nil), data...)
 	bad[250]++
+	if err := s.expect("a", "e2", 300, sum, true); err != nil {
+		t.Fatal(err)
+	}
 	for off := int64(0); off < 300; off += 100 {
 		err := s.end(s.begin("a", "e2", off, 100), bad[off:off+100], nil)
 		if (err != nil) != (off == 200) {
 			t.Fatalf("range at %d: %v", off, err)
 		}
 	}
-	if err := s.expect("a", "e2", 300, sum); err != errContentMismatch {
+	if err := s.expect("a", "e2", 300, sum, false); err != errContentMismatch {
 		t.Fatalf("expect of a corrupt version: %v", err)
 	}
 	if _, m := s.stats(); m != 1 {

@@ -483,7 +483,8 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 	if !inStore || off >= size {
 		return fuse.ReadResultData(nil), fuse.OK
 	}
-	if err := fs.sums.expect(path, etag, size, fs.storedSum(h.n, etag)); err != nil {
+	start := off == 0 && !fs.blocks.has(blockKey{path, etag, 0})
+	if err := fs.sums.expect(path, etag, size, fs.storedSum(h.n, etag), start); err != nil {
 		return nil, toStatus(err)
 	}
 	random := fs.readAhead(h, path, etag, size, off, len(buf))
@@ -496,10 +497,15 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 			fs.mu.Lock()
 			fs.applyEntryLocked(h.n, entryFromAttrs(a))
 			fs.mu.Unlock()
-			if err = fs.sums.expect(path, a.ETag, a.Size, sumOf(a.ContentMD5)); err == nil {
+			if err = fs.sums.expect(path, a.ETag, a.Size, sumOf(a.ContentMD5), off == 0); err == nil {
 				res, err = fs.readStored(ctx, random, path, a.ETag, a.Size, buf, off)
 			}
 		}
+	}
+	if err == nil && fs.sums.isCorrupt(path, etag) {
+		// Another fetch of these bytes got the verdict.
+		res.Done()
+		err = errContentMismatch
 	}
 	if err != nil {
 		fs.log.Warn("read failed", "path", path, "off", off, "err", err)
