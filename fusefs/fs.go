@@ -89,6 +89,10 @@ type FS struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	bg     sync.WaitGroup
+	// bgClosed: Close is waiting for bg, which may take no more
+	// (startBackground); guarded by bgMu.
+	bgMu     sync.Mutex
+	bgClosed bool
 
 	// adoptInit is the INIT request of a mount restored from a state
 	// region: the mount is live and must be adopted, not mounted.
@@ -890,8 +894,23 @@ func (fs *FS) Tmpfile(_ <-chan struct{}, in *fuse.CreateIn, out *fuse.CreateOut)
 // Close stops background work. Call it after the mount is gone; a file
 // whose upload is still being retried gets one last attempt, and its data is
 // kept on local disk if that fails too.
+// startBackground counts one more goroutine in bg, unless Close is
+// waiting for them already (WaitGroup.Add must not race its Wait).
+func (fs *FS) startBackground() bool {
+	fs.bgMu.Lock()
+	defer fs.bgMu.Unlock()
+	if fs.bgClosed {
+		return false
+	}
+	fs.bg.Add(1)
+	return true
+}
+
 func (fs *FS) Close() {
 	fs.cancel()
+	fs.bgMu.Lock()
+	fs.bgClosed = true
+	fs.bgMu.Unlock()
 	fs.bg.Wait()
 	fs.lists.clear()
 	fs.blocks.close()

@@ -79,7 +79,16 @@ func (fs *FS) writeBackLater(of *openFile, handedRef bool) {
 		of.refs++
 		fs.mu.Unlock()
 	}
-	fs.bg.Add(1)
+	if !fs.startBackground() {
+		// Closed meanwhile (a RELEASE arrives after close(2) returned):
+		// the spill file stays for the successor, as at Close.
+		fs.writeBackPending.Add(-charge)
+		of.mu.Lock()
+		of.writeBackQueued = false
+		of.mu.Unlock()
+		fs.releaseFile(of)
+		return
+	}
 	go func() {
 		defer fs.bg.Done()
 		// The bytes stay counted while the upload is retried: during an
