@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/md5"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -115,12 +116,12 @@ func TestContentMD5CheckedOnWholeReads(t *testing.T) {
 		}
 		got, err := io.ReadAll(f)
 		f.Close()
-		if !errorsIsErrno(err, syscall.EIO) {
+		if !errors.Is(err, syscall.EIO) {
 			t.Fatalf("%s: whole read gave %d bytes and %v, want EIO", name, len(got), err)
 		}
 		// Again, from a new open: the kernel may keep the pages it
 		// had, not the ones that failed.
-		if got, err := os.ReadFile(join(mnt, name)); !errorsIsErrno(err, syscall.EIO) {
+		if got, err := os.ReadFile(join(mnt, name)); !errors.Is(err, syscall.EIO) {
 			t.Fatalf("%s: second whole read gave %d bytes and %v, want EIO", name, len(got), err)
 		}
 	}
@@ -136,22 +137,6 @@ func TestContentMD5CheckedOnWholeReads(t *testing.T) {
 	if s := fsys2.Stats(); s.ContentVerified != 0 || s.ContentMismatches != 0 {
 		t.Errorf("unchecked mount counted %+v", s)
 	}
-}
-
-func errorsIsErrno(err error, want syscall.Errno) bool {
-	var errno syscall.Errno
-	for e := err; e != nil; {
-		if x, ok := e.(syscall.Errno); ok {
-			errno = x
-			break
-		}
-		u, ok := e.(interface{ Unwrap() error })
-		if !ok {
-			break
-		}
-		e = u.Unwrap()
-	}
-	return errno == want
 }
 
 // The order rule of sumChecks: a range beyond the hashed prefix waits for
