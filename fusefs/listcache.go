@@ -501,7 +501,7 @@ type listing struct {
 	resume *passStart
 	sorted []string // entries' names in order; nil until asked for, and after a change
 	// subdirs counts the entries that are directories, plus one; 0 until
-	// asked for, and after a change.
+	// asked for and after a listing is (re)filled; set and remove keep it.
 	subdirs int
 	// walk is the tree walk that built this listing; it keeps the
 	// listing fresh while it is in use (keptByWalk).
@@ -813,11 +813,24 @@ func (c *listCache) set(dir, name string, e dirEntry) {
 	p := &e // shared, never changed: a change replaces it
 	c.recordLocked(dir, listChange{name: name, e: p})
 	if l := c.dirs[dir]; l != nil {
-		if _, had := l.entries[name]; !had {
+		old, had := l.entries[name]
+		if !had {
 			c.countLocked(1)
-			l.sorted, l.subdirs = nil, 0
+			l.sorted = nil
 		}
+		l.countSubdirLocked(old, -1)
+		l.countSubdirLocked(p, 1)
 		l.entries[name] = p
+	}
+}
+
+// countSubdirLocked keeps subdirs, once counted, up to date as entry e
+// comes (delta 1) or goes (-1): recounting a large directory on every
+// change made each create in it cost a pass over all its names (the
+// kernel asks for the directory's attributes after each one).
+func (l *listing) countSubdirLocked(e *dirEntry, delta int) {
+	if e != nil && e.kind == kindDir && l.subdirs != 0 {
+		l.subdirs += delta
 	}
 }
 
@@ -827,10 +840,11 @@ func (c *listCache) remove(dir, name string) {
 	defer c.mu.Unlock()
 	c.recordLocked(dir, listChange{name: name, removed: true})
 	if l := c.dirs[dir]; l != nil {
-		if _, had := l.entries[name]; had {
+		if old, had := l.entries[name]; had {
 			delete(l.entries, name)
 			c.countLocked(-1)
-			l.sorted, l.subdirs = nil, 0
+			l.sorted = nil
+			l.countSubdirLocked(old, -1)
 		}
 	}
 }

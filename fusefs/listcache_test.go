@@ -256,3 +256,43 @@ func TestPassFromPartialListingShowsHeldNamesOnce(t *testing.T) {
 		t.Errorf("held data has size %d, want this mount's 7", dataSize)
 	}
 }
+
+// TestListCacheSubdirCount: a directory's count of subdirectories (its
+// nlink) follows each change without a recount, and stays right whatever
+// the change: a new directory, a file, a name that changes kind, a removal.
+func TestListCacheSubdirCount(t *testing.T) {
+	c := newListCache(time.Minute, 1000, 0)
+	c.put("d", map[string]*dirEntry{"a": {kind: kindDir}, "b": {kind: kindDir}, "f": {kind: kindFile}})
+	want := func(step string, n int) {
+		t.Helper()
+		got, ok := c.subdirCount("d")
+		if !ok || got != n {
+			t.Fatalf("%s: subdirCount = %d (ok %v), want %d", step, got, ok, n)
+		}
+	}
+	want("listed", 2)
+	c.set("d", "c", dirEntry{kind: kindDir})
+	want("a directory made", 3)
+	c.set("d", "g", dirEntry{kind: kindFile})
+	want("a file made", 3)
+	c.set("d", "c", dirEntry{kind: kindDir, size: 1})
+	want("a directory's entry replaced", 3)
+	c.set("d", "f", dirEntry{kind: kindDir})
+	want("a file's name now a directory", 4)
+	c.set("d", "a", dirEntry{kind: kindFile})
+	want("a directory's name now a file", 3)
+	c.remove("d", "b")
+	want("a directory removed", 2)
+	c.remove("d", "g")
+	want("a file removed", 2)
+	c.remove("d", "nothing")
+	want("a missing name removed", 2)
+	// The same after changes made before anyone asked (nothing counted
+	// yet), against a count from scratch.
+	c.put("e", map[string]*dirEntry{"x": {kind: kindDir}})
+	c.set("e", "y", dirEntry{kind: kindDir})
+	c.remove("e", "x")
+	if got, ok := c.subdirCount("e"); !ok || got != 1 {
+		t.Fatalf("changes before the first count: subdirCount = %d (ok %v), want 1", got, ok)
+	}
+}

@@ -807,3 +807,48 @@ func TestReadDirWithoutPlus(t *testing.T) {
 	}
 	d.checkOnce(t, got, nil)
 }
+
+// TestCreateInLargeDirectory: creating a file in a large listed directory
+// costs what it costs in an empty one. The kernel asks for the directory's
+// attributes after each create, and its link count (2 plus its
+// subdirectories) was counted again over the whole listing after every
+// change: with 100,000 names, 3.3 ms a create instead of 0.33.
+func TestCreateInLargeDirectory(t *testing.T) {
+	const names, rounds, perRound = 50000, 6, 25
+	mem := blobstore.NewMemory()
+	ctx := context.Background()
+	for i := range names {
+		if _, err := mem.Put(ctx, fmt.Sprintf("large/e%06d", i), nil, blobstore.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mem.Put(ctx, "small/e0", nil, blobstore.PutOptions{})
+	mnt, _ := mountStore(t, mem, Options{ListTimeout: time.Hour, AttrTimeout: time.Hour})
+	for _, d := range []string{"large", "small"} {
+		if ents, err := os.ReadDir(join(mnt, d)); err != nil || len(ents) == 0 {
+			t.Fatalf("listing %s: %d names, %v", d, len(ents), err)
+		}
+	}
+	create := func(dir string, round int) time.Duration {
+		start := time.Now()
+		for i := range perRound {
+			if err := os.WriteFile(join(mnt, dir, fmt.Sprintf("new-%d-%d", round, i)), []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return time.Since(start)
+	}
+	// Interleaved, the best round of each: the machine's noise hits both.
+	best := map[string]time.Duration{}
+	for r := range rounds {
+		for _, d := range []string{"large", "small"} {
+			if took := create(d, r); best[d] == 0 || took < best[d] {
+				best[d] = took
+			}
+		}
+	}
+	if ratio := float64(best["large"]) / float64(best["small"]); ratio > 2 {
+		t.Fatalf("a create in a listed directory of %d names took %.1f× one in an empty directory (%v against %v for %d files); want about the same",
+			names, ratio, best["large"], best["small"], perRound)
+	}
+}
