@@ -1,10 +1,13 @@
 package fusefs
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // spillPool keeps emptied spill files for the next files written, so that a
@@ -74,7 +77,7 @@ func (p *spillPool) get() (*os.File, error) {
 		p.free = p.free[:n-1]
 		p.mu.Unlock()
 		// Back to its name in use: os.File.Name still says it.
-		if err := os.Rename(pooledName(ps.name), ps.name); err == nil {
+		if err := renameNoReplace(pooledName(ps.name), ps.name); err == nil {
 			return ps.f, nil
 		}
 		ps.f.Close() // renamed or removed by someone else: not ours to use
@@ -93,8 +96,8 @@ func (p *spillPool) put(f *os.File) {
 	p.mu.Unlock()
 	// The record goes first: a spill file emptied but still named
 	// spill-* must not say it holds a file's changes.
-	forgetSpillRecord(f)
-	if !full && f.Truncate(0) == nil && os.Rename(name, pooledName(name)) == nil {
+	clearSpillRecord(f)
+	if !full && f.Truncate(0) == nil && renameNoReplace(name, pooledName(name)) == nil {
 		p.mu.Lock()
 		p.free = append(p.free, pooledSpill{f: f, name: name})
 		p.mu.Unlock()
@@ -114,4 +117,20 @@ func (p *spillPool) close() {
 		ps.f.Close()
 		os.Remove(pooledName(ps.name))
 	}
+}
+
+// renameNoReplace renames a file of the spill directory. It is os.Rename
+// without the Lstat that os.Rename makes first (to refuse renaming over a
+// directory, which the pool never does), and it refuses to replace an
+// existing file: a name the pool does not own is not taken over.
+func renameNoReplace(from, to string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		// A file system without RENAME_NOREPLACE.
+		err = unix.Rename(from, to)
+	}
+	if err != nil {
+		return &os.LinkError{Op: "rename", Old: from, New: to, Err: err}
+	}
+	return nil
 }

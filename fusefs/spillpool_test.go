@@ -1,9 +1,13 @@
 package fusefs
 
 import (
+	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestSpillPool: a spill file given back is emptied, kept under a pooled
@@ -78,4 +82,59 @@ func countFiles(t *testing.T, dir string) int {
 		t.Fatal(err)
 	}
 	return len(es)
+}
+
+// TestSpillPoolClearsRecord: a spill file given back to the pool keeps no
+// record of the file it held, but its attribute is overwritten, not
+// removed (clearSpillRecord says why): padded to the old record's length
+// and naming the spill file. Read back, it is no record at all, so a
+// process adopting the mount takes nothing from it, and orphan recovery
+// removes such a file, emptied, without a word.
+func TestSpillPoolClearsRecord(t *testing.T) {
+	dir := t.TempDir()
+	p := newSpillPool(dir)
+	f, err := p.get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := spillRecord{Store: "s", Blob: "some/dir/a-file-with-a-long-name.txt", Dirty: true, IfNoneMatch: true, Nonce: newCommitNonce(), Attrs: map[string]string{"mode": "0644", "uid": "1000"}}
+	b, _ := json.Marshal(rec)
+	if err := unix.Fsetxattr(int(f.Fd()), spillRecordXattr, b, 0); err != nil {
+		t.Skipf("the temporary directory keeps no extended attributes: %v", err)
+	}
+	if got, ok := readSpillRecord(f); !ok || got.Blob != rec.Blob {
+		t.Fatalf("record before pooling = %+v (ok %v), want %+v", got, ok, rec)
+	}
+	f.WriteAt([]byte("acknowledged bytes"), 0)
+	p.put(f)
+
+	raw := make([]byte, 4096)
+	n, err := unix.Fgetxattr(int(f.Fd()), spillRecordXattr, raw)
+	if err != nil {
+		t.Fatalf("the pooled file's attribute was removed (%v); want it overwritten", err)
+	}
+	var cleared spillRecord
+	if err := json.Unmarshal(raw[:n], &cleared); err != nil || cleared.Dirty || cleared.Blob != "" || cleared.Attrs != nil || cleared.Pooled != filepath.Base(f.Name()) {
+		t.Fatalf("pooled record %q (%v): want one that names no blob, holds nothing and names %s", raw[:n], err, filepath.Base(f.Name()))
+	}
+	if n < len(b) {
+		t.Fatalf("pooled record is %d bytes, shorter than the %d it replaced", n, len(b))
+	}
+	if got, ok := readSpillRecord(f); ok {
+		t.Fatalf("a pooled file's record reads as %+v; want none", got)
+	}
+
+	// Handed out again and left behind by a dead process before its
+	// first record: nothing to save, removed.
+	g, err := p.get()
+	if err != nil || g != f {
+		t.Fatalf("get = %v, %v; want the pooled file", g, err)
+	}
+	fs := &FS{opts: Options{StoreID: "s"}, log: slog.New(slog.DiscardHandler)}
+	if out, err := fs.recoverOrphan(t.Context(), g.Name()); err != nil || out != orphanNothingToSave {
+		t.Fatalf("recoverOrphan of a reused spill file = %v, %v; want nothing to save", out, err)
+	}
+	if _, err := os.Stat(g.Name()); !os.IsNotExist(err) {
+		t.Fatalf("the reused spill file is still there: %v", err)
+	}
 }
