@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,5 +105,56 @@ func TestStreamingStagesBlocksInParallel(t *testing.T) {
 	wantBlob(t, store, "par", data)
 	if _, started := store.counts(); started != slots+1 {
 		t.Fatalf("%d blocks staged, want %d (no block sent twice)", started, slots+1)
+	}
+}
+
+// TestStreamingAfterEarlyFlush: a FLUSH before the first full block (a
+// shell's "> file" and dd open the file, dup2 it and close the first
+// descriptor) leaves streaming on: the blocks written afterwards stage
+// while the file is written, not all at its last close.
+func TestStreamingAfterEarlyFlush(t *testing.T) {
+	const bs = 1 << 20
+	for _, early := range []struct {
+		name string
+		data []byte // written before the early FLUSH
+	}{
+		{"empty", nil},
+		{"less than a block", pattern(bs/3, 4)},
+	} {
+		t.Run(early.name, func(t *testing.T) {
+			store := &gatedStore{Store: blobstore.NewMemory(), gate: make(chan struct{})}
+			store.open()
+			mnt, _ := mountStore(t, store, Options{UploadBlockSize: bs, UploadConcurrency: 3})
+			f, err := os.Create(join(mnt, "out"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := f.Write(early.data); err != nil {
+				t.Fatal(err)
+			}
+			dup, err := syscall.Dup(int(f.Fd()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Close(dup); err != nil { // the FLUSH
+				t.Fatal(err)
+			}
+			rest := pattern(4*bs+99, 5)
+			if _, err := f.Write(rest); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the full blocks staging before the close", func() bool {
+				_, started := store.counts()
+				return started >= 4
+			})
+			if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+			wantBlob(t, store, "out", append(append([]byte(nil), early.data...), rest...))
+			if _, started := store.counts(); started != 5 {
+				t.Fatalf("%d blocks staged in all, want 5 (4 full ones and the tail, none twice)", started)
+			}
+		})
 	}
 }

@@ -88,16 +88,23 @@ type openFile struct {
 	writers int
 	// recorded is the spill file's record as last written.
 	recorded string
-	baseMeta map[string]string // metadata kept across rewrites
+	// journaledDirty: the last journalLocked said dirty. The first change
+	// after a commit journals the file dirty, unless the spill file was
+	// just made, which journals it so already.
+	journaledDirty bool
+	baseMeta       map[string]string // metadata kept across rewrites
 	// exclusive: the writer saw no blob (or opened with O_EXCL): the
 	// first commit has If-None-Match.
 	exclusive bool
 	mtime     *time.Time // set by utimes; written as metadata
 	unlinked  bool
 	commitErr error // the last failed commit
-	// commitNonce names the pending commit (blobstore.MetaCommit): made
-	// and journaled before the first attempt, kept by retries, also in a
-	// process that adopts the mount, and cleared once one succeeded.
+	// commitNonce names the next commit (blobstore.MetaCommit): made
+	// and journaled with the spill file and after each commit that
+	// succeeded, so before the first attempt; kept by retries, also in a
+	// process that adopts the mount. Journaling it ahead saves a commit a
+	// record write of its own (a small file's close waits for it). A
+	// nonce no commit used names no blob: ownEarlierCommit finds nothing.
 	commitNonce string
 
 	stream *blockStream // staging of full blocks while writing; nil if none
@@ -174,6 +181,11 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 	}
 	of.spill, of.spillPath = f, f.Name()
 	of.hasSpill.Store(true)
+	if of.commitNonce == "" {
+		// The next commit's name, journaled with the spill file: that
+		// commit then has nothing to journal before it starts.
+		of.commitNonce = newCommitNonce()
+	}
 	// Journaled as dirty at once: the change that needed the spill file
 	// follows, and a successor must upload it.
 	of.journalLocked(true)
@@ -358,7 +370,7 @@ func (of *openFile) setAttrs(ctx context.Context, path string, mtime *time.Time)
 func (of *openFile) changedLocked() {
 	wasClean := !of.dirty()
 	of.gen++
-	if wasClean && of.spill != nil {
+	if wasClean && of.spill != nil && !of.journaledDirty {
 		of.journalLocked(true)
 	}
 }
@@ -368,6 +380,7 @@ func (of *openFile) changedLocked() {
 func (of *openFile) journalLocked(dirty bool) {
 	of.fs.journalFile(of.n, of.spillPath, of.baseETag, dirty, of.exclusive, of.commitNonce)
 	of.recordLocked(dirty)
+	of.journaledDirty = dirty
 }
 
 // commit uploads the spill file if the file has changes not in the store.
@@ -408,10 +421,18 @@ func (of *openFile) commit(ctx context.Context) error {
 	nonce := of.commitNonce
 	opts.Metadata[blobstore.MetaCommit] = nonce
 	opts.Conditions = of.conditionsLocked()
-	// A stream is used up by this commit, whatever happens: later
-	// changes go up whole.
+	// A stream that staged blocks is used up by this commit, whatever
+	// happens: later changes go up whole. One that staged none yet stays
+	// for the writes that follow: a FLUSH before the first full block is
+	// common (a shell's "> file" and dd open the file, dup2 it and close
+	// the first descriptor), and would otherwise leave the whole file to
+	// be uploaded at its last close, after every write.
 	stream := of.stream
-	of.stream = nil
+	if stream != nil && stream.next == 0 {
+		stream = nil
+	} else {
+		of.stream = nil
+	}
 	of.mu.Unlock()
 
 	path, ok := of.fs.pathOf(of.n)
@@ -468,7 +489,7 @@ func (of *openFile) commit(ctx context.Context) error {
 	of.baseMeta = opts.Metadata
 	of.exclusive = false
 	of.commitErr = nil
-	of.commitNonce = ""
+	of.commitNonce = newCommitNonce() // the next commit's, journaled now
 	of.journalLocked(of.dirty())
 	of.mu.Unlock()
 	of.fs.committed(of.n, path, attrs, size)
