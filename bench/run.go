@@ -410,7 +410,18 @@ func (r *runner) withMount(ctx context.Context, c client, f func(dir string) (ti
 			err = cerr
 		}
 	}()
-	return f(m.Dir())
+	d, err = f(m.Dir())
+	if p, ok := m.(*procMount); ok && err != nil {
+		// What the client said about it (blobfs logs warnings and
+		// errors here): "input/output error" alone says nothing.
+		if out := strings.TrimSpace(p.out.String()); out != "" {
+			if len(out) > 2048 {
+				out = "…" + out[len(out)-2048:]
+			}
+			err = fmt.Errorf("%w; %s said: %s", err, c.name, out)
+		}
+	}
+	return d, err
 }
 
 // readFileInto reads path sequentially into dst in requests of 1 MiB (the
