@@ -158,3 +158,53 @@ func TestStreamingAfterEarlyFlush(t *testing.T) {
 		})
 	}
 }
+
+// stageCountStore counts StageBlock calls by blob name.
+type stageCountStore struct {
+	blobstore.Store
+	mu     sync.Mutex
+	byName map[string]int
+}
+
+func (s *stageCountStore) StageBlock(ctx context.Context, name, id string, data []byte) error {
+	s.mu.Lock()
+	s.byName[name]++
+	s.mu.Unlock()
+	return s.Store.StageBlock(ctx, name, id, data)
+}
+
+// TestStreamNotStagedUnderOldName: a file renamed while it is written
+// stages no block under its old name after the rename, which its commit
+// could not use. Here the rename's own commit leaves the stream in place
+// (it staged nothing yet), and the blocks written afterwards must not go
+// to the old name.
+func TestStreamNotStagedUnderOldName(t *testing.T) {
+	const bs = 1 << 20
+	store := &stageCountStore{Store: blobstore.NewMemory(), byName: map[string]int{}}
+	mnt, _ := mountStore(t, store, Options{UploadBlockSize: bs, UploadConcurrency: 3})
+	f, err := os.Create(join(mnt, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	head := pattern(100, 1)
+	if _, err := f.Write(head); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(join(mnt, "a"), join(mnt, "b")); err != nil {
+		t.Fatal(err)
+	}
+	rest := pattern(4*bs+7, 2)
+	if _, err := f.Write(rest); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wantBlob(t, store, "b", append(head, rest...))
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if store.byName["a"] > 0 {
+		t.Fatalf("%d blocks staged under the old name after the rename (by name: %v)", store.byName["a"], store.byName)
+	}
+}

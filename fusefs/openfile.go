@@ -88,23 +88,19 @@ type openFile struct {
 	writers int
 	// recorded is the spill file's record as last written.
 	recorded string
-	// journaledDirty: the last journalLocked said dirty. The first change
-	// after a commit journals the file dirty, unless the spill file was
-	// just made, which journals it so already.
-	journaledDirty bool
-	baseMeta       map[string]string // metadata kept across rewrites
+	baseMeta map[string]string // metadata kept across rewrites
 	// exclusive: the writer saw no blob (or opened with O_EXCL): the
 	// first commit has If-None-Match.
 	exclusive bool
 	mtime     *time.Time // set by utimes; written as metadata
 	unlinked  bool
 	commitErr error // the last failed commit
-	// commitNonce names the next commit (blobstore.MetaCommit): made
-	// and journaled with the spill file and after each commit that
-	// succeeded, so before the first attempt; kept by retries, also in a
-	// process that adopts the mount. Journaling it ahead saves a commit a
-	// record write of its own (a small file's close waits for it). A
-	// nonce no commit used names no blob: ownEarlierCommit finds nothing.
+	// commitNonce names the pending commit (blobstore.MetaCommit): made
+	// and journaled before the first attempt, kept by retries, also in a
+	// process that adopts the mount, and cleared once one succeeded. The
+	// journaling before a commit's first attempt also brings the region
+	// and the record up to date with what changed unjournaled since (a
+	// rename's new path, a copy's ETag), so it is not to be made ahead.
 	commitNonce string
 
 	stream *blockStream // staging of full blocks while writing; nil if none
@@ -181,11 +177,6 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 	}
 	of.spill, of.spillPath = f, f.Name()
 	of.hasSpill.Store(true)
-	if of.commitNonce == "" {
-		// The next commit's name, journaled with the spill file: that
-		// commit then has nothing to journal before it starts.
-		of.commitNonce = newCommitNonce()
-	}
 	// Journaled as dirty at once: the change that needed the spill file
 	// follows, and a successor must upload it.
 	of.journalLocked(true)
@@ -259,7 +250,7 @@ func (of *openFile) write(ctx context.Context, data []byte, off int64) error {
 	of.mtime = nil // a write makes the file's time now again
 	of.changedLocked()
 	if st := of.stream; st != nil {
-		if off < st.next {
+		if off < st.next || of.size-st.next >= st.bs && !of.streamNamedLocked(st) {
 			st.abandon()
 			of.stream = nil
 		} else if err := st.stageFull(of.spill, of.size); err != nil {
@@ -268,6 +259,15 @@ func (of *openFile) write(ctx context.Context, data []byte, off int64) error {
 		}
 	}
 	return nil
+}
+
+// streamNamedLocked tells whether st stages its blocks under the file's
+// name, checked before each full block is handed out: blocks staged for a
+// name the file no longer has (renamed while written, or after an early
+// commit that left the stream in place) are of no use to its commit.
+func (of *openFile) streamNamedLocked(st *blockStream) bool {
+	path, ok := of.fs.pathOf(of.n)
+	return ok && path == st.name
 }
 
 func (of *openFile) truncate(ctx context.Context, size int64) error {
@@ -370,7 +370,7 @@ func (of *openFile) setAttrs(ctx context.Context, path string, mtime *time.Time)
 func (of *openFile) changedLocked() {
 	wasClean := !of.dirty()
 	of.gen++
-	if wasClean && of.spill != nil && !of.journaledDirty {
+	if wasClean && of.spill != nil {
 		of.journalLocked(true)
 	}
 }
@@ -380,7 +380,6 @@ func (of *openFile) changedLocked() {
 func (of *openFile) journalLocked(dirty bool) {
 	of.fs.journalFile(of.n, of.spillPath, of.baseETag, dirty, of.exclusive, of.commitNonce)
 	of.recordLocked(dirty)
-	of.journaledDirty = dirty
 }
 
 // commit uploads the spill file if the file has changes not in the store.
@@ -489,7 +488,7 @@ func (of *openFile) commit(ctx context.Context) error {
 	of.baseMeta = opts.Metadata
 	of.exclusive = false
 	of.commitErr = nil
-	of.commitNonce = newCommitNonce() // the next commit's, journaled now
+	of.commitNonce = ""
 	of.journalLocked(of.dirty())
 	of.mu.Unlock()
 	of.fs.committed(of.n, path, attrs, size)

@@ -137,4 +137,18 @@ func TestSpillPoolClearsRecord(t *testing.T) {
 	if _, err := os.Stat(g.Name()); !os.IsNotExist(err) {
 		t.Fatalf("the reused spill file is still there: %v", err)
 	}
+
+	// Left by a process that died on its way to the pool, after the
+	// record was cleared and before the data was emptied: its data was
+	// committed or given up, so it is removed too, not kept.
+	h, err := p.get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Fsetxattr(int(h.Fd()), spillRecordXattr, b, 0)
+	h.WriteAt([]byte("committed already"), 0)
+	clearSpillRecord(h)
+	if out, err := fs.recoverOrphan(t.Context(), h.Name()); err != nil || out != orphanNothingToSave {
+		t.Fatalf("recoverOrphan of a cleared spill file holding data = %v, %v; want nothing to save", out, err)
+	}
 }

@@ -109,20 +109,25 @@ func (of *openFile) recordLocked(dirty bool) {
 }
 
 // readSpillRecord reads a spill file's record; ok is false when it has
-// none, or the empty one of a pooled file (clearSpillRecord).
+// none, or the empty one of a pooled file (clearSpillRecord), which
+// rec.Pooled then names.
 func readSpillRecord(f *os.File) (rec spillRecord, ok bool) {
 	buf := make([]byte, 4096)
 	n, err := unix.Fgetxattr(int(f.Fd()), spillRecordXattr, buf)
-	if err != nil || json.Unmarshal(buf[:n], &rec) != nil || rec.Pooled != "" {
+	if err != nil || json.Unmarshal(buf[:n], &rec) != nil {
 		return spillRecord{}, false
+	}
+	if rec.Pooled != "" {
+		return spillRecord{Pooled: rec.Pooled}, false
 	}
 	return rec, true
 }
 
 // clearSpillRecord replaces a spill file's record with one that names no
 // blob and holds nothing unsaved: the file goes back to the pool, emptied,
-// and holds nothing of anyone's. Orphan recovery removes such a file, and a
-// process adopting the mount takes nothing from it.
+// and holds nothing of anyone's. Orphan recovery removes such a file, even
+// one a dead process left before emptying it, and a process adopting the
+// mount takes nothing from it.
 //
 // Why not remove the attribute: a record is longer than the room for
 // attributes inside an ext4 inode, so it lives in a block of its own, and
@@ -307,9 +312,11 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) (orphanOutcome, er
 	}
 	rec, ok := readSpillRecord(f)
 	switch {
-	case !ok && st.Size() == 0:
-		// Made and never written: a record is set before the first
-		// WRITE into a spill file is answered.
+	case !ok && (st.Size() == 0 || rec.Pooled != ""):
+		// Made and never written (a record is set before the first
+		// WRITE into a spill file is answered), or on its way back to
+		// the pool: its removal was journaled and its record cleared,
+		// its data committed or given up, before it was emptied.
 		os.Remove(path)
 		return orphanNothingToSave, nil
 	case !ok:
