@@ -72,9 +72,10 @@ type BufferSource interface {
 // most opts.SingleShotLimit, otherwise blocks staged in parallel and then
 // committed in order, with opts.PutOptions on the final request. At most
 // opts.Concurrency blocks are in memory at a time, and one more waiting for
-// a slot. If any block fails, the others are cancelled, nothing is committed and the blob is unchanged;
-// the staged blocks are left for the store to discard (Azure after a week,
-// Local on its next start after that, both on the blob's next write).
+// a slot. If any block fails, the others are cancelled, nothing is
+// committed and the blob is unchanged; the staged blocks are left for the
+// store to discard (Azure after a week, Local on its next start after
+// that, both on the blob's next write).
 //
 // r must hold size bytes; a shorter r fails the upload with
 // io.ErrUnexpectedEOF.

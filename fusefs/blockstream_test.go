@@ -12,7 +12,7 @@ import (
 )
 
 // gatedStore holds every StageBlock until the gate opens, and counts the
-// calls in flight.
+// calls in flight, and all calls by blob name.
 type gatedStore struct {
 	blobstore.Store
 	gate chan struct{} // closed (by open) to let StageBlock calls through
@@ -21,12 +21,17 @@ type gatedStore struct {
 	mu       sync.Mutex
 	inFlight int
 	started  int
+	byName   map[string]int
 }
 
 func (s *gatedStore) StageBlock(ctx context.Context, name, id string, data []byte) error {
 	s.mu.Lock()
 	s.inFlight++
 	s.started++
+	if s.byName == nil {
+		s.byName = map[string]int{}
+	}
+	s.byName[name]++
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -159,20 +164,6 @@ func TestStreamingAfterEarlyFlush(t *testing.T) {
 	}
 }
 
-// stageCountStore counts StageBlock calls by blob name.
-type stageCountStore struct {
-	blobstore.Store
-	mu     sync.Mutex
-	byName map[string]int
-}
-
-func (s *stageCountStore) StageBlock(ctx context.Context, name, id string, data []byte) error {
-	s.mu.Lock()
-	s.byName[name]++
-	s.mu.Unlock()
-	return s.Store.StageBlock(ctx, name, id, data)
-}
-
 // TestStreamNotStagedUnderOldName: a file renamed while it is written
 // stages no block under its old name after the rename, which its commit
 // could not use. Here the rename's own commit leaves the stream in place
@@ -180,7 +171,8 @@ func (s *stageCountStore) StageBlock(ctx context.Context, name, id string, data 
 // to the old name.
 func TestStreamNotStagedUnderOldName(t *testing.T) {
 	const bs = 1 << 20
-	store := &stageCountStore{Store: blobstore.NewMemory(), byName: map[string]int{}}
+	store := &gatedStore{Store: blobstore.NewMemory(), gate: make(chan struct{})}
+	store.open()
 	mnt, _ := mountStore(t, store, Options{UploadBlockSize: bs, UploadConcurrency: 3})
 	f, err := os.Create(join(mnt, "a"))
 	if err != nil {

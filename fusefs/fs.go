@@ -891,9 +891,6 @@ func (fs *FS) Tmpfile(_ <-chan struct{}, in *fuse.CreateIn, out *fuse.CreateOut)
 	return fuse.ENOTSUP
 }
 
-// Close stops background work. Call it after the mount is gone; a file
-// whose upload is still being retried gets one last attempt, and its data is
-// kept on local disk if that fails too.
 // startBackground counts one more goroutine in bg, unless Close is
 // waiting for them already (WaitGroup.Add must not race its Wait).
 func (fs *FS) startBackground() bool {
@@ -906,6 +903,9 @@ func (fs *FS) startBackground() bool {
 	return true
 }
 
+// Close stops background work. Call it after the mount is gone; a file
+// whose upload is still being retried gets one last attempt, and its data is
+// kept on local disk if that fails too.
 func (fs *FS) Close() {
 	fs.cancel()
 	fs.bgMu.Lock()

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -357,37 +356,6 @@ func TestSpillDirSharedByTwoMounts(t *testing.T) {
 	}
 }
 
-// putGateStore holds the next Put of one blob until released.
-type putGateStore struct {
-	blobstore.Store
-	mu      sync.Mutex
-	target  string
-	entered chan struct{}
-	release chan struct{}
-}
-
-func (s *putGateStore) gate(name string) (entered, release chan struct{}) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.target, s.entered, s.release = name, make(chan struct{}), make(chan struct{})
-	return s.entered, s.release
-}
-
-func (s *putGateStore) Put(ctx context.Context, name string, data []byte, opts blobstore.PutOptions) (blobstore.Attrs, error) {
-	s.mu.Lock()
-	var entered, release chan struct{}
-	if s.target == name {
-		entered, release = s.entered, s.release
-		s.target = ""
-	}
-	s.mu.Unlock()
-	if entered != nil {
-		close(entered)
-		<-release
-	}
-	return s.Store.Put(ctx, name, data, opts)
-}
-
 // TestSpillRecordCurrentDuringCommitAfterDirRename: a file written while
 // its directory is renamed (the rename commits it, and a write lands
 // during that commit) has a record that names its new blob and that blob's
@@ -398,35 +366,31 @@ func (s *putGateStore) Put(ctx context.Context, name string, data []byte, opts b
 // caught.)
 func TestSpillRecordCurrentDuringCommitAfterDirRename(t *testing.T) {
 	mem := blobstore.NewMemory()
-	store := &putGateStore{Store: mem}
-	cache := t.TempDir()
-	mnt, _ := mountStore(t, store, Options{CacheDir: cache})
-	if err := os.Mkdir(join(mnt, "d"), 0o755); err != nil {
+	if _, err := mem.Put(context.Background(), "d/f", []byte("aaa"), blobstore.PutOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Create(join(mnt, "d", "f"))
+	// The rename's commit of d/f is held, then the fsync's of e/f.
+	renamed := &lateStore{Store: mem, op: blobstore.OpPut, name: "e/f", sent: make(chan struct{}), land: make(chan struct{})}
+	store := &lateStore{Store: renamed, op: blobstore.OpPut, name: "d/f", sent: make(chan struct{}), land: make(chan struct{})}
+	cache := t.TempDir()
+	mnt, _ := mountStore(t, store, Options{CacheDir: cache})
+	f, err := os.OpenFile(join(mnt, "d", "f"), os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	mustWriteAt(t, f, []byte("aaa"), 0)
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
 	mustWriteAt(t, f, []byte("bbb"), 3)
-	entered, release := store.gate("d/f")
 	done := make(chan error)
 	go func() { done <- os.Rename(join(mnt, "d"), join(mnt, "e")) }()
-	<-entered
+	<-store.sent
 	mustWriteAt(t, f, []byte("ccc"), 6) // during the rename's commit
-	close(release)
+	close(store.land)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	entered, release = store.gate("e/f")
 	go func() { done <- f.Sync() }()
 	select {
-	case <-entered:
+	case <-renamed.sent:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the fsync made no commit")
 	}
@@ -439,7 +403,7 @@ func TestSpillRecordCurrentDuringCommitAfterDirRename(t *testing.T) {
 		}
 	}
 	a, _ := mem.Stat(context.Background(), "e/f")
-	close(release)
+	close(renamed.land)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
