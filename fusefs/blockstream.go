@@ -59,8 +59,9 @@ func (fs *FS) newBlockStream(name string) *blockStream {
 	return &blockStream{fs: fs, name: name, nonce: blobstore.NewBlockNonce(), bs: fs.opts.UploadBlockSize, hash: newStreamHash()}
 }
 
-// streamHash is the MD5 of a stream's blocks, which are read back in
-// parallel and hashed in order: each waits for the blocks before it.
+// streamHash is the MD5 of blocks read in parallel and hashed in order:
+// each waits for the blocks before it. A stream's blocks read back from the
+// spill file use it, and so does download.
 // That wait cannot deadlock: every block before one being hashed was
 // handed to its own goroutine first, with its buffer, and the first
 // block not hashed yet waits for nothing.
@@ -254,16 +255,3 @@ func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64
 // abandon lets in-flight uploads finish on their own; their blocks are
 // dropped by the store at the blob's next commit.
 func (st *blockStream) abandon() {}
-
-// blockBuf returns a buffer of UploadBlockSize bytes for a streamed block.
-// Buffers are pooled: a stream of 8 MiB blocks would otherwise allocate
-// and zero one per block.
-func (fs *FS) blockBuf() *[]byte {
-	if b, ok := fs.blockBufs.Get().(*[]byte); ok {
-		return b
-	}
-	b := make([]byte, fs.opts.UploadBlockSize)
-	return &b
-}
-
-func (fs *FS) freeBlockBuf(b *[]byte) { fs.blockBufs.Put(b) }

@@ -81,10 +81,6 @@ type FS struct {
 	// cache (fillDisk); guarded by mu.
 	filling            map[blockKey]bool
 	readBytes, fetched atomic.Int64
-	// blockBufs recycles the buffers of streamed blocks (*[]byte of
-	// UploadBlockSize bytes); uploadSlots bounds how many are in use.
-	blockBufs sync.Pool
-
 	// ctx lives as long as the filesystem; background work uses it.
 	ctx    context.Context
 	cancel context.CancelFunc
