@@ -285,17 +285,25 @@ func (s *sumChecks) finish(f *sumFlight, data []byte, err error, hold func() fun
 		delete(s.files, c.key)
 	}
 	s.mu.Unlock()
-	if contentSum(sum) == c.want {
+	return s.verdict(c.key, c.size, c.want, sum)
+}
+
+// verdict counts a whole read of version key, size bytes that hashed to
+// got against its Content-MD5 want. A mismatch is logged, remembered (every
+// later read of the version fails) and dropped from the caches, and it
+// returns errContentMismatch.
+func (s *sumChecks) verdict(key verKey, size int64, want contentSum, got []byte) error {
+	if contentSum(got) == want {
 		s.verified.Add(1)
 		return nil
 	}
 	s.mismatches.Add(1)
-	s.markCorrupt(c.key)
+	s.markCorrupt(key)
 	s.log.Error("content does not match the blob's Content-MD5: reads of it fail with EIO (--verify-md5=false reads it anyway)",
-		"path", c.key.name, "etag", c.key.etag, "size", c.size,
-		"content_md5", hex.EncodeToString(c.want[:]), "read_md5", hex.EncodeToString(sum))
+		"path", key.name, "etag", key.etag, "size", size,
+		"content_md5", hex.EncodeToString(want[:]), "read_md5", hex.EncodeToString(got))
 	if s.onMismatch != nil {
-		s.onMismatch(c.key.name, c.key.etag)
+		s.onMismatch(key.name, key.etag)
 	}
 	return errContentMismatch
 }

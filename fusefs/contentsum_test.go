@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -216,5 +217,84 @@ func TestSumChecksOrder(t *testing.T) {
 	}
 	if _, m := s.stats(); m != 1 {
 		t.Fatalf("mismatches %d, want 1", m)
+	}
+}
+
+// A change to an existing blob loads its content first (an append, a
+// write into the middle, a truncate that keeps some of it), and that
+// download is checked against the blob's Content-MD5 like a whole read:
+// a blob whose bytes do not match is not built on (EIO) and stays as it
+// was in the store. The chunks land out of order (a store with jitter).
+func TestContentMD5CheckedBeforeChange(t *testing.T) {
+	mem := blobstore.NewMemory()
+	store := blobstore.NewFaulty(mem, blobstore.FaultOptions{Latency: time.Millisecond, Jitter: 10 * time.Millisecond})
+	const block = 256 << 10
+	good := pattern(9*block+321, 6)
+	bad := pattern(9*block+321, 7)
+	goodSum, wrongSum := md5.Sum(good), md5.Sum(append([]byte("x"), bad...))
+	commitWithSum(t, mem, "good", good, 2*block, goodSum[:])
+	commitWithSum(t, mem, "bad-append", bad, 2*block, wrongSum[:])
+	commitWithSum(t, mem, "bad-truncate", bad, 2*block, wrongSum[:])
+	commitWithSum(t, mem, "none", bad, 2*block, nil)
+	opts := Options{UploadBlockSize: block, ReadBlockSize: block}
+	mnt, fsys := mountStore(t, store, opts)
+	tail := []byte("appended")
+
+	appendTo := func(mnt, name string) error {
+		f, err := os.OpenFile(join(mnt, name), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			return err
+		}
+		_, werr := f.Write(tail)
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		return werr
+	}
+	stored := func(name string) []byte { return blobContent(t, mem, name) }
+
+	if err := appendTo(mnt, "good"); err != nil {
+		t.Fatalf("good: append: %v", err)
+	}
+	if got := stored("good"); !bytes.Equal(got, append(slices.Clone(good), tail...)) {
+		t.Fatal("good: stored content after the append differs")
+	}
+	if v := fsys.Stats().ContentVerified; v != 1 {
+		t.Errorf("good: verified whole reads %d, want 1 (the download)", v)
+	}
+	if err := appendTo(mnt, "none"); err != nil {
+		t.Fatalf("none: append: %v", err)
+	}
+
+	if err := appendTo(mnt, "bad-append"); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("bad-append: append gave %v, want EIO", err)
+	}
+	if err := os.Truncate(join(mnt, "bad-truncate"), block); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("bad-truncate: truncate gave %v, want EIO", err)
+	}
+	for _, name := range []string{"bad-append", "bad-truncate"} {
+		if got := stored(name); !bytes.Equal(got, bad) {
+			t.Fatalf("%s: the store's content changed after a refused change", name)
+		}
+	}
+	if s := fsys.Stats(); s.ContentMismatches != 2 {
+		t.Errorf("mismatches counted %d, want 2", s.ContentMismatches)
+	}
+	// Known corrupt now: a second try fails at once, and so does a read.
+	if err := appendTo(mnt, "bad-append"); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("bad-append again: append gave %v, want EIO", err)
+	}
+	if got, err := os.ReadFile(join(mnt, "bad-append")); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("bad-append: read after the refused change gave %d bytes and %v, want EIO", len(got), err)
+	}
+
+	// Unchecked, the change goes through, as before blobfs checked.
+	opts.NoContentCheck = true
+	mnt2, _ := mountStore(t, store, opts)
+	if err := appendTo(mnt2, "bad-append"); err != nil {
+		t.Fatalf("bad-append, unchecked: %v", err)
+	}
+	if got := stored("bad-append"); !bytes.Equal(got, append(slices.Clone(bad), tail...)) {
+		t.Fatal("bad-append, unchecked: stored content differs")
 	}
 }

@@ -156,7 +156,7 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 			if err == nil {
 				size, etag = a.Size, a.ETag
 				of.baseMeta = a.Metadata
-				err = of.fs.download(ctx, path, etag, size, f)
+				err = of.fs.download(ctx, path, etag, size, sumOf(a.ContentMD5), f)
 			}
 			if err != nil {
 				of.fs.spills.put(f)
@@ -554,8 +554,20 @@ func (of *openFile) keepSpill(blobName string) string {
 	return dst
 }
 
-// download copies a blob into f with parallel ranged reads.
-func (fs *FS) download(ctx context.Context, name, etag string, size int64, f *os.File) error {
+// download copies a blob into f with parallel ranged reads. Where the
+// blob has a Content-MD5 want and checks are on, the chunks are hashed in
+// order as they land, and a blob whose bytes do not match is not loaded:
+// the change that needed it fails with EIO, as a whole read of the blob
+// through the mount would, rather than build on bytes the store did not
+// vouch for.
+func (fs *FS) download(ctx context.Context, name, etag string, size int64, want contentSum, f *os.File) error {
+	if fs.sums.isCorrupt(name, etag) {
+		return errContentMismatch
+	}
+	var h *streamHash
+	if fs.sums != nil && want.known() {
+		h = newStreamHash()
+	}
 	chunk := fs.opts.UploadBlockSize
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(fs.opts.UploadConcurrency)
@@ -564,11 +576,26 @@ func (fs *FS) download(ctx context.Context, name, etag string, size int64, f *os
 			buf := make([]byte, min(chunk, size-off))
 			n, err := fs.store.ReadAt(gctx, name, buf, off, etag)
 			if err != nil && !(errors.Is(err, io.EOF) && n == len(buf)) {
-				return fmt.Errorf("read %q at %d: %w", name, off, err)
+				err = fmt.Errorf("read %q at %d: %w", name, off, err)
+			} else {
+				_, err = f.WriteAt(buf, off)
 			}
-			_, err = f.WriteAt(buf, off)
+			if h != nil {
+				if err != nil {
+					h.fail() // the chunks after this one stop waiting
+				} else {
+					h.add(off, buf)
+				}
+			}
 			return err
 		})
 	}
-	return g.Wait()
+	if err := g.Wait(); err != nil || h == nil {
+		return err
+	}
+	sum := h.sum(size)
+	if sum == nil {
+		return fmt.Errorf("read %q: not every byte was hashed", name)
+	}
+	return fs.sums.verdict(verKey{name, etag}, size, want, sum)
 }

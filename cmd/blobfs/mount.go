@@ -97,7 +97,7 @@ func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.Var((*octalFlag)(&c.umask), "umask", "umask applied to modes 0777 (directories) and 0666 (files) of files that store no mode, in octal")
 	fl.Var((*octalFlag)(&c.fileMode), "file-mode", "permissions of every file, in octal, whatever is stored (chmod refused; default: stored, else 0666 minus --umask)")
 	fl.Var((*octalFlag)(&c.dirMode), "dir-mode", "permissions of every directory, in octal, whatever is stored (chmod refused; default: stored, else 0777 minus --umask)")
-	fl.BoolVar(&c.verifyMD5, "verify-md5", true, "check whole reads of a blob against its Content-MD5; a mismatch fails the read with EIO")
+	fl.BoolVar(&c.verifyMD5, "verify-md5", true, "check whole reads of a blob, and the content a change builds on, against its Content-MD5; a mismatch fails with EIO")
 	fl.BoolVar(&c.posixAttrs, "posix-attrs", true, "store modes, owners, times and special files in blob metadata; false never writes them (chmod, chown and mknod of special files refused)")
 	fl.IntVar(&c.mount.Readers, "fuse-readers", 8, "goroutines reading FUSE requests")
 	fl.IntVar(&c.mount.ReadAheadKB, "kernel-readahead-kb", 4096, "kernel read-ahead for the mount, KiB (root only; -1 keeps the kernel's 128)")
