@@ -68,6 +68,8 @@ type sumChecks struct {
 	files   map[verKey]*sumCheck
 	corrupt map[verKey]bool // versions found not to match; bounded
 	order   []verKey        // corrupt's keys, oldest first
+	good    map[verKey]bool // versions read whole that matched; bounded
+	goodOld []verKey        // good's keys, oldest first
 
 	verified   atomic.Int64 // whole reads that matched (Stats.ContentVerified)
 	mismatches atomic.Int64 // whole reads that did not (Stats.ContentMismatches)
@@ -80,6 +82,7 @@ type verKey struct{ name, etag string }
 const (
 	maxSumChecks  = 256
 	maxCorruptSum = 1024
+	maxGoodSum    = 4096
 	// maxHeld is the most blocks a pass holds ahead of its prefix, and
 	// holdTimeout how long they may wait for it to move.
 	maxHeld     = 64
@@ -120,7 +123,7 @@ type sumFlight struct {
 }
 
 func newSumChecks(log *slog.Logger, onMismatch func(name, etag string)) *sumChecks {
-	return &sumChecks{log: log, onMismatch: onMismatch, files: map[verKey]*sumCheck{}, corrupt: map[verKey]bool{}}
+	return &sumChecks{log: log, onMismatch: onMismatch, files: map[verKey]*sumCheck{}, corrupt: map[verKey]bool{}, good: map[verKey]bool{}}
 }
 
 // expect says a reader reads version etag of blob name, size bytes whose
@@ -178,6 +181,34 @@ func (c *sumCheck) startPass() {
 		c.broken, c.next = false, 0
 		c.h.Reset()
 	}
+}
+
+// trusted tells whether the kernel may read a version without blobfs
+// seeing the bytes (FUSE passthrough from the disk cache): it was read
+// whole and matched its Content-MD5 want, or it has none, or checks are
+// off. Reads blobfs serves are checked as they go; passthrough reads
+// never reach it, so they get only versions checked before.
+func (s *sumChecks) trusted(name, etag string, want contentSum) bool {
+	if s == nil || !want.known() {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.good[verKey{name, etag}]
+}
+
+func (s *sumChecks) markGood(key verKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.good[key] {
+		return
+	}
+	if len(s.goodOld) >= maxGoodSum {
+		delete(s.good, s.goodOld[0])
+		s.goodOld = s.goodOld[1:]
+	}
+	s.good[key] = true
+	s.goodOld = append(s.goodOld, key)
 }
 
 // corrupt tells whether a version was found not to match: a read that
@@ -295,6 +326,7 @@ func (s *sumChecks) finish(f *sumFlight, data []byte, err error, hold func() fun
 func (s *sumChecks) verdict(key verKey, size int64, want contentSum, got []byte) error {
 	if contentSum(got) == want {
 		s.verified.Add(1)
+		s.markGood(key)
 		return nil
 	}
 	s.mismatches.Add(1)

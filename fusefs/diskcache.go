@@ -3,6 +3,7 @@ package fusefs
 import (
 	"container/list"
 	"context"
+	"crypto/md5"
 	"errors"
 	"fmt"
 	"io"
@@ -517,8 +518,9 @@ const DiskFillBytes = maxFills * fillWorkers * fillChunk
 // a read-only mount the next open of the file is passthrough. Only files of
 // at most a quarter of the cache, one fill per file version at a time, and
 // maxFills at once (others wait their turn); the bytes count as fetched for
-// reads (Stats.FetchedBytes).
-func (fs *FS) fillDisk(path, etag string, size int64) {
+// reads (Stats.FetchedBytes). A file the fill completes is then checked
+// against its Content-MD5 want (verifyFilled).
+func (fs *FS) fillDisk(path, etag string, size int64, want contentSum) {
 	if fs.disk == nil || etag == "" || size > fs.disk.cache.capacity/4 {
 		return
 	}
@@ -539,7 +541,9 @@ func (fs *FS) fillDisk(path, etag string, size int64) {
 		select {
 		case fs.disk.cache.fills <- struct{}{}:
 			defer func() { <-fs.disk.cache.fills }()
-			fs.fillDiskNow(path, etag, size)
+			if fs.fillDiskNow(path, etag, size) {
+				fs.verifyFilled(path, etag, size, want)
+			}
 		case <-fs.ctx.Done():
 		}
 		fs.mu.Lock()
@@ -548,7 +552,8 @@ func (fs *FS) fillDisk(path, etag string, size int64) {
 	}()
 }
 
-func (fs *FS) fillDiskNow(path, etag string, size int64) {
+// fillDiskNow is fillDisk's work; it reports whether every chunk was read.
+func (fs *FS) fillDiskNow(path, etag string, size int64) bool {
 	bs := int64(fillChunk)
 	offs := make(chan int64)
 	var failed atomic.Pointer[error]
@@ -576,4 +581,33 @@ func (fs *FS) fillDiskNow(path, etag string, size int64) {
 	if p := failed.Load(); p != nil && fs.ctx.Err() == nil {
 		fs.log.Debug("disk cache: fetching a file whole stopped", "path", path, "err", *p)
 	}
+	return failed.Load() == nil && fs.ctx.Err() == nil
+}
+
+// verifyFilled hashes a version that a fill left whole in the disk cache,
+// from the cache file, and gives the verdict against its Content-MD5 want
+// (sumChecks.verdict): a match lets the next open be passthrough, a
+// mismatch drops the cache file and fails reads of the version with EIO.
+//
+// Why a pass of its own: a fill skips the parts that random reads put on
+// disk before it, and fetches out of order, so the in-order hashing of
+// reads (sumChecks) does not cover it; and making random reads wait for a
+// fill's hash to reach their offset would cost them seconds. The file was
+// just written, so this reads the page cache, in the background.
+func (fs *FS) verifyFilled(path, etag string, size int64, want contentSum) {
+	if fs.sums == nil || !want.known() || fs.sums.trusted(path, etag, want) || fs.sums.isCorrupt(path, etag) {
+		return
+	}
+	e := fs.disk.cache.complete(fs.disk.ns, path, etag, size)
+	if e == nil {
+		return // evicted meanwhile, or not all there
+	}
+	h := md5.New()
+	n, err := io.CopyBuffer(h, io.NewSectionReader(e.f, 0, size), make([]byte, 1<<20))
+	fs.disk.cache.unpin(e)
+	if err != nil || n != size {
+		fs.log.Debug("disk cache: cannot read back a filled file to check it", "path", path, "read", n, "err", err)
+		return
+	}
+	fs.sums.verdict(verKey{path, etag}, size, want, h.Sum(nil))
 }

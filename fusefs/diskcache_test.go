@@ -2,6 +2,8 @@ package fusefs
 
 import (
 	"bytes"
+	"crypto/md5"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -382,9 +384,64 @@ func TestRandomReadsFillDiskCache(t *testing.T) {
 	}
 	f.Close()
 	waitReleased(t, fsys)
+	// The fill checks what it completed before the kernel may read it.
+	waitFor(t, "the filled file checked", func() bool { return fsys.Stats().ContentVerified == 1 })
 	readAll(t, join(mnt, "r"), data)
 	if s := fsys.Stats(); s.PassthroughOpens != 1 {
 		t.Errorf("passthrough opens %d after the fill, want 1", s.PassthroughOpens)
+	}
+}
+
+// Passthrough hands reads to the kernel, which blobfs never sees: so a
+// file whole in the disk cache is opened with it only once its content was
+// checked against the blob's Content-MD5. A fill that a random read started
+// skips what that read put on disk first, so no in-order hash covers it;
+// the fill checks the file it completed. A version that does not match is
+// dropped from the disk and never passthrough: its reads fail with EIO.
+func TestPassthroughOnlyChecked(t *testing.T) {
+	const size = 16 << 20
+	good, bad := pattern(size, 5), pattern(size, 6)
+	wrongSum := md5.Sum(good)
+	mem := blobstore.NewMemory()
+	putBlob(t, mem, "good", good, nil)
+	commitWithSum(t, mem, "bad", bad, 4<<20, wrongSum[:])
+	dc := openDiskCache(t, 1<<30)
+	mnt, fsys := mountStore(t, mem, Options{DiskCache: dc, StoreID: "mem", ReadOnly: true})
+
+	fillByRandomRead := func(name string, data []byte) {
+		t.Helper()
+		f, err := os.Open(join(mnt, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Beyond the first read block: random, not a stream.
+		const off = size - 1<<20
+		buf := make([]byte, 4096)
+		if _, err := f.ReadAt(buf, off); err != nil || !bytes.Equal(buf, data[off:off+4096]) {
+			t.Fatalf("%s: pread: %v", name, err)
+		}
+		f.Close()
+		waitReleased(t, fsys)
+	}
+
+	fillByRandomRead("good", good)
+	waitFor(t, "good checked after its fill", func() bool { return fsys.Stats().ContentVerified == 1 })
+	readAll(t, join(mnt, "good"), good)
+	if s := fsys.Stats(); s.PassthroughOpens != 1 {
+		t.Fatalf("good: passthrough opens %d after the checked fill, want 1 (kernel %s)", s.PassthroughOpens, kernelRelease())
+	}
+
+	fillByRandomRead("bad", bad)
+	waitFor(t, "bad found not to match after its fill", func() bool { return fsys.Stats().ContentMismatches == 1 })
+	if e := dc.complete("mem", "bad", fsys.nodeETag(t, "bad"), size); e != nil {
+		dc.unpin(e)
+		t.Error("bad: still whole in the disk cache after the mismatch")
+	}
+	if got, err := os.ReadFile(join(mnt, "bad")); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("bad: read gave %d bytes and %v, want EIO", len(got), err)
+	}
+	if s := fsys.Stats(); s.PassthroughOpens != 1 {
+		t.Errorf("passthrough opens %d, want still 1: bad must not be passthrough", s.PassthroughOpens)
 	}
 }
 

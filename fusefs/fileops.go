@@ -601,7 +601,7 @@ func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) (r
 	window := h.raWindow
 	h.raMu.Unlock()
 	if fill {
-		fs.fillDisk(path, etag, size)
+		fs.fillDisk(path, etag, size, fs.storedSum(h.n, etag))
 	}
 	if seek {
 		fs.blocks.demote(h.id)
