@@ -447,7 +447,7 @@ func (c *blockCache) fetch(b *block, size int64) {
 	// Before ready: once readers have the block, it may be evicted and its
 	// buffer reused, and readThrough writes the disk cache from it.
 	check := c.sums.begin(b.key.name, b.key.etag, off, n)
-	got, err := readThroughAs(context.Background(), c.store, c.disk, c.fetched, b.key.name, b.key.etag, size, buf, off, check)
+	got, err := readThrough(context.Background(), c.store, c.disk, nil, c.fetched, b.key.name, b.key.etag, size, buf, off)
 	// Before ready too: the fetch that completes a whole read's hash
 	// fails on a mismatch. A block that lands ahead of the hash stays
 	// pinned until the hash reaches it.

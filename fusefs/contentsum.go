@@ -70,16 +70,9 @@ type sumChecks struct {
 	order   []verKey        // corrupt's keys, oldest first
 	good    map[verKey]bool // versions read whole that matched; bounded
 	goodOld []verKey        // good's keys, oldest first
-	// faulted: versions whose disk-cache copy did not match, and the
-	// last handle (handleSeq) opened before; at most maxCorruptSum.
-	faulted map[verKey]uint64
-	// dropPages: versions whose kernel page cache may hold a bad copy's
-	// bytes, until their next open drops it (dropPagesOnce).
-	dropPages map[verKey]bool
 
 	verified   atomic.Int64 // whole reads that matched (Stats.ContentVerified)
 	mismatches atomic.Int64 // whole reads that did not (Stats.ContentMismatches)
-	diskFaults atomic.Int64 // disk-cache copies that did not (Stats.DiskCacheMismatches)
 }
 
 type verKey struct{ name, etag string }
@@ -113,9 +106,6 @@ type sumCheck struct {
 	held    []heldRange // landed beyond next, by offset
 	moved   time.Time   // when next last moved, or a range was held
 	timer   *time.Timer // gives held ranges up after holdTimeout
-	// fromDisk: the pass hashed bytes read from the disk cache, so a
-	// mismatch may be the local disk's fault, not the blob's.
-	fromDisk bool
 }
 
 // heldRange is a block that landed beyond the hashed prefix, kept until
@@ -123,7 +113,6 @@ type sumCheck struct {
 type heldRange struct {
 	off     int64
 	data    []byte
-	disk    bool // read from the disk cache
 	release func()
 }
 
@@ -131,19 +120,10 @@ type heldRange struct {
 type sumFlight struct {
 	c        *sumCheck
 	off, end int64
-	disk     bool // its bytes came from the disk cache (fromDisk)
-}
-
-// fromDisk says the range's bytes were read from the disk cache.
-func (f *sumFlight) fromDisk() {
-	if f != nil {
-		f.disk = true
-	}
 }
 
 func newSumChecks(log *slog.Logger, onMismatch func(name, etag string)) *sumChecks {
-	return &sumChecks{log: log, onMismatch: onMismatch, files: map[verKey]*sumCheck{}, corrupt: map[verKey]bool{}, good: map[verKey]bool{},
-		faulted: map[verKey]uint64{}, dropPages: map[verKey]bool{}}
+	return &sumChecks{log: log, onMismatch: onMismatch, files: map[verKey]*sumCheck{}, corrupt: map[verKey]bool{}, good: map[verKey]bool{}}
 }
 
 // expect says a reader reads version etag of blob name, size bytes whose
@@ -198,7 +178,7 @@ func (c *sumCheck) startPass() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.broken {
-		c.broken, c.next, c.fromDisk = false, 0, false
+		c.broken, c.next = false, 0
 		c.h.Reset()
 	}
 }
@@ -294,20 +274,18 @@ func (s *sumChecks) finish(f *sumFlight, data []byte, err error, hold func() fun
 	for err == nil && !c.broken {
 		if f.off <= c.next {
 			c.hashLocked(f.off, data)
-			c.fromDisk = c.fromDisk || f.disk
 			// The blocks held for this one.
 			for len(c.held) > 0 && c.held[0].off <= c.next {
 				r := c.held[0]
 				c.held = c.held[1:]
 				c.hashLocked(r.off, r.data)
-				c.fromDisk = c.fromDisk || r.disk
 				r.release()
 			}
 			break
 		}
 		if hold != nil && len(c.held) < maxHeld {
 			if release := hold(); release != nil {
-				c.holdLocked(heldRange{off: f.off, data: data, disk: f.disk, release: release})
+				c.holdLocked(heldRange{off: f.off, data: data, release: release})
 				break
 			}
 		}
@@ -319,7 +297,6 @@ func (s *sumChecks) finish(f *sumFlight, data []byte, err error, hold func() fun
 	}
 	c.cond.Broadcast()
 	var sum []byte
-	fromDisk := c.fromDisk
 	if !c.broken && c.next >= c.size {
 		sum = c.h.Sum(nil)
 		c.breakLocked() // this pass is over; a new one starts at 0
@@ -339,88 +316,7 @@ func (s *sumChecks) finish(f *sumFlight, data []byte, err error, hold func() fun
 		delete(s.files, c.key)
 	}
 	s.mu.Unlock()
-	if fromDisk {
-		return s.diskVerdict(c.key, c.size, c.want, sum)
-	}
 	return s.verdict(c.key, c.size, c.want, sum)
-}
-
-// diskVerdict is verdict for a pass that hashed bytes of the disk cache.
-// A mismatch there may be the local disk's fault, not the blob's, so it
-// does not condemn the version (diskCacheFault): the read that completed
-// the pass fails, like every read through a handle opened before, since
-// their readers may have got the bad copy's bytes.
-func (s *sumChecks) diskVerdict(key verKey, size int64, want contentSum, got []byte) error {
-	if contentSum(got) == want {
-		return s.verdict(key, size, want, got)
-	}
-	s.diskCacheFault(key, size, want, got)
-	return errContentMismatch
-}
-
-// diskCacheFault handles a version whose copy in the disk cache did not
-// hash to its Content-MD5: logged and counted as the disk cache's, the
-// copy dropped with the version's other cached bytes, reads through the
-// handles opened so far refused (refused), and the kernel's pages dropped
-// at the next open. Handles opened later read from the store, and a whole
-// read there gives the blob's own verdict.
-func (s *sumChecks) diskCacheFault(key verKey, size int64, want contentSum, got []byte) {
-	s.diskFaults.Add(1)
-	s.log.Error("content read from the disk cache does not match the blob's Content-MD5: the cached copy is dropped, reads through the handles open now fail with EIO, and the next whole read is checked from the store",
-		"path", key.name, "etag", key.etag, "size", size,
-		"content_md5", hex.EncodeToString(want[:]), "read_md5", hex.EncodeToString(got))
-	s.mu.Lock()
-	if _, ok := s.faulted[key]; !ok && len(s.faulted) >= maxCorruptSum {
-		for k := range s.faulted { // any one: a bound, not an order
-			delete(s.faulted, k)
-			delete(s.dropPages, k)
-			break
-		}
-	}
-	s.faulted[key] = handleSeq.Load()
-	s.dropPages[key] = true
-	delete(s.good, key)
-	s.mu.Unlock()
-	if s.onMismatch != nil {
-		s.onMismatch(key.name, key.etag)
-	}
-}
-
-// handleSeq numbers handles in the order they are opened, over every
-// mount of the process (handle.seq).
-var handleSeq atomic.Uint64
-
-// refused tells whether reads of a version through a handle opened as
-// number seq fail: the version was found not to match, or its disk-cache
-// copy did not and the handle was open already (it may have read it).
-func (s *sumChecks) refused(name, etag string, seq uint64) bool {
-	if s == nil {
-		return false
-	}
-	key := verKey{name, etag}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.corrupt[key] {
-		return true
-	}
-	last, ok := s.faulted[key]
-	return ok && seq <= last
-}
-
-// dropPagesOnce tells, once, that the kernel's pages of a version may hold
-// a bad disk-cache copy's bytes: the open asking must not keep them.
-func (s *sumChecks) dropPagesOnce(name, etag string) bool {
-	if s == nil {
-		return false
-	}
-	key := verKey{name, etag}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.dropPages[key] {
-		return false
-	}
-	delete(s.dropPages, key)
-	return true
 }
 
 // verdict counts a whole read of version key, size bytes that hashed to
@@ -522,11 +418,10 @@ func (s *sumChecks) markCorrupt(key verKey) {
 	s.order = append(s.order, key)
 }
 
-// stats returns the whole reads verified, those that did not match, and
-// the disk cache's copies that did not.
-func (s *sumChecks) stats() (verified, mismatches, diskFaults int64) {
+// stats returns the whole reads verified and those that did not match.
+func (s *sumChecks) stats() (verified, mismatches int64) {
 	if s == nil {
-		return 0, 0, 0
+		return 0, 0
 	}
-	return s.verified.Load(), s.mismatches.Load(), s.diskFaults.Load()
+	return s.verified.Load(), s.mismatches.Load()
 }

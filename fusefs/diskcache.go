@@ -438,21 +438,8 @@ func (c *DiskCache) removeDropped() {
 // errContentMismatch.
 func readThrough(ctx context.Context, store blobstore.Store, disk *diskTier, sums *sumChecks, fetched *atomic.Int64, name, etag string, size int64, p []byte, off int64) (int, error) {
 	check := sums.begin(name, etag, off, int64(len(p)))
-	got, err := readThroughAs(ctx, store, disk, fetched, name, etag, size, p, off, check)
-	if err != nil {
-		sums.end(check, nil, err)
-		return got, err
-	}
-	return got, sums.end(check, p[:got], nil)
-}
-
-// readThroughAs is readThrough for a caller that hashes the bytes itself
-// (the block cache, sumChecks.endHeld): check, which may be nil, is told
-// when they come from the disk cache.
-func readThroughAs(ctx context.Context, store blobstore.Store, disk *diskTier, fetched *atomic.Int64, name, etag string, size int64, p []byte, off int64, check *sumFlight) (int, error) {
 	if got, ok := disk.read(name, etag, size, p, off); ok {
-		check.fromDisk()
-		return got, nil
+		return got, sums.end(check, p[:got], nil)
 	}
 	got, err := store.ReadAt(ctx, name, p, off, etag)
 	if fetched != nil {
@@ -462,10 +449,11 @@ func readThroughAs(ctx context.Context, store blobstore.Store, disk *diskTier, f
 		err = nil
 	}
 	if err != nil {
+		sums.end(check, nil, err)
 		return got, err
 	}
 	disk.keep(name, etag, size, p[:got], off)
-	return got, nil
+	return got, sums.end(check, p[:got], nil)
 }
 
 // forget drops the cache file of a version, if any.
@@ -597,10 +585,9 @@ func (fs *FS) fillDiskNow(path, etag string, size int64) bool {
 }
 
 // verifyFilled hashes a version that a fill left whole in the disk cache,
-// from the cache file, against its Content-MD5 want: a match lets the next
-// open be passthrough; a mismatch, which may be the disk's fault, drops
-// the cache file, and the version's next whole read is checked from the
-// store (sumChecks.diskVerdict).
+// from the cache file, and gives the verdict against its Content-MD5 want
+// (sumChecks.verdict): a match lets the next open be passthrough, a
+// mismatch drops the cache file and fails reads of the version with EIO.
 //
 // Why a pass of its own: a fill skips the parts that random reads put on
 // disk before it, and fetches out of order, so the in-order hashing of
@@ -622,6 +609,5 @@ func (fs *FS) verifyFilled(path, etag string, size int64, want contentSum) {
 		fs.log.Debug("disk cache: cannot read back a filled file to check it", "path", path, "read", n, "err", err)
 		return
 	}
-	// Read back from the cache file: a mismatch may be the disk's fault.
-	fs.sums.diskVerdict(verKey{path, etag}, size, want, h.Sum(nil))
+	fs.sums.verdict(verKey{path, etag}, size, want, h.Sum(nil))
 }

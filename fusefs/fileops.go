@@ -15,7 +15,6 @@ import (
 // handle is an open file or directory, named by the id the kernel holds.
 type handle struct {
 	id    uint64
-	seq   uint64 // in the order of opening, over the process (handleSeq)
 	n     *node
 	of    *openFile // files only
 	write bool
@@ -52,7 +51,7 @@ type openReply struct {
 }
 
 func (fs *FS) newHandleLocked(n *node, of *openFile, write bool, io ioMode, opened openReply) *handle {
-	h := &handle{id: fs.nextHandle, seq: handleSeq.Add(1), n: n, of: of, write: write, io: io, opened: opened}
+	h := &handle{id: fs.nextHandle, n: n, of: of, write: write, io: io, opened: opened}
 	fs.nextHandle++
 	if of != nil && write {
 		of.writers++
@@ -289,7 +288,7 @@ func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.S
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	// The kernel may keep cached pages when the blob is the one it cached.
-	if !of.hasSpill.Load() && n.etag != "" && n.etag == n.lastOpenETag && !fs.sums.dropPagesOnce(path, n.etag) {
+	if !of.hasSpill.Load() && n.etag != "" && n.etag == n.lastOpenETag {
 		out.OpenFlags |= fuse.FOPEN_KEEP_CACHE
 	}
 	n.lastOpenETag = n.etag
@@ -503,7 +502,7 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 			}
 		}
 	}
-	if err == nil && fs.sums.refused(path, etag, h.seq) {
+	if err == nil && fs.sums.isCorrupt(path, etag) {
 		// Another fetch of these bytes got the verdict.
 		res.Done()
 		err = errContentMismatch

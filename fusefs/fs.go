@@ -216,9 +216,7 @@ type Stats struct {
 	KeptFiles      int64
 	// ContentVerified: whole reads of blobs that matched their
 	// Content-MD5. ContentMismatches: those that did not, and failed.
-	// DiskCacheMismatches: copies in the disk cache that did not match
-	// (dropped; the blob is checked again from the store).
-	ContentVerified, ContentMismatches, DiskCacheMismatches int64
+	ContentVerified, ContentMismatches int64
 }
 
 // Stats returns the mount's Stats now. It costs a stat of each open file's
@@ -257,7 +255,7 @@ func (fs *FS) Stats() Stats {
 	}
 	s.PassthroughOpens = fs.passthrough.opens.Load()
 	s.WriteBackBytes, s.KeptFiles = fs.writeBackPending.Load(), fs.keptFiles.Load()
-	s.ContentVerified, s.ContentMismatches, s.DiskCacheMismatches = fs.sums.stats()
+	s.ContentVerified, s.ContentMismatches = fs.sums.stats()
 	return s
 }
 
