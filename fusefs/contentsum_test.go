@@ -298,3 +298,26 @@ func TestContentMD5CheckedBeforeChange(t *testing.T) {
 		t.Fatal("bad-append, unchecked: stored content differs")
 	}
 }
+
+// A version that matched once and was later found not to match (a read
+// whose transfer went wrong, and was refilled) is no longer trusted for
+// passthrough: the kernel would serve it without blobfs seeing a byte.
+// (Found by review.)
+func TestTrustedNotCorrupt(t *testing.T) {
+	s := newSumChecks(testLogger(t), nil)
+	good, bad := md5.Sum([]byte("good")), md5.Sum([]byte("bad"))
+	want := contentSum(good)
+	key := verKey{"a", "e1"}
+	if err := s.verdict(key, 4, want, good[:]); err != nil {
+		t.Fatal(err)
+	}
+	if !s.trusted("a", "e1", want) {
+		t.Fatal("a version that matched is not trusted")
+	}
+	if err := s.verdict(key, 4, want, bad[:]); err != errContentMismatch {
+		t.Fatalf("verdict of a mismatch: %v", err)
+	}
+	if s.trusted("a", "e1", want) {
+		t.Fatal("a version found corrupt is still trusted for passthrough")
+	}
+}

@@ -497,6 +497,7 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 			fs.mu.Lock()
 			fs.applyEntryLocked(h.n, entryFromAttrs(a))
 			fs.mu.Unlock()
+			etag = a.ETag // what the check below is about now
 			if err = fs.sums.expect(path, a.ETag, a.Size, sumOf(a.ContentMD5), off == 0); err == nil {
 				res, err = fs.readStored(ctx, random, path, a.ETag, a.Size, buf, off)
 			}
