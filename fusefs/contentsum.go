@@ -185,9 +185,10 @@ func (c *sumCheck) startPass() {
 
 // trusted tells whether the kernel may read a version without blobfs
 // seeing the bytes (FUSE passthrough from the disk cache): it was read
-// whole and matched its Content-MD5 want, and no read since found it
-// not to, or it has none, or checks are off. Reads blobfs serves are checked as they go; passthrough reads
-// never reach it, so they get only versions checked before.
+// whole and matched its Content-MD5 want, and no read since found it not
+// to, or it has none, or checks are off. Reads blobfs serves are checked
+// as they go; passthrough reads never reach it, so they get only versions
+// checked before.
 func (s *sumChecks) trusted(name, etag string, want contentSum) bool {
 	if s == nil || !want.known() {
 		return true
