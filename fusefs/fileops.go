@@ -745,3 +745,29 @@ func (fs *FS) Sync(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Unmounted lets go of the spill files of files still open once the mount
+// is gone for good and Sync has run: the RELEASE the kernel queues for a
+// file closed just before the unmount may never reach this process, and
+// its spill file would stay in the cache directory (a foreground mount
+// stopped right after a write left it there). A file with changes the
+// store lacks keeps its spill file, and the data stays in the cache
+// directory.
+func (fs *FS) Unmounted() {
+	fs.mu.Lock()
+	var files []*openFile
+	for _, n := range fs.nodes.byID {
+		if n.file != nil {
+			files = append(files, n.file)
+		}
+	}
+	fs.mu.Unlock()
+	for _, of := range files {
+		of.mu.Lock()
+		clean := !of.dirty()
+		of.mu.Unlock()
+		if clean {
+			of.close()
+		}
+	}
+}

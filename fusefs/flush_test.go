@@ -1,6 +1,8 @@
 package fusefs
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -31,4 +33,49 @@ func TestFlushIgnoresInterrupt(t *testing.T) {
 		t.Fatalf("flush with an interrupt pending: %v", st)
 	}
 	wantBlob(t, mem, "f", []byte("payload"))
+}
+
+// Unmounted (the end of a foreground mount, after its last Sync) lets go of
+// the spill files of files whose RELEASE never came: the kernel sends it
+// after close returns, so a mount stopped right after a write left one in
+// the cache directory. A file with changes the store lacks keeps its spill
+// file: that is where its data is.
+func TestUnmountedDropsCleanSpills(t *testing.T) {
+	mem := blobstore.NewMemory()
+	mnt, fsys := mountStore(t, mem, Options{})
+	clean, err := os.Create(join(mnt, "clean"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer clean.Close()
+	mustWriteHandle(t, clean, []byte("committed"))
+	if err := clean.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	spills := func() []string {
+		t.Helper()
+		names, err := filepath.Glob(filepath.Join(fsys.spillDir, spillPrefix+"*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}
+	if n := len(spills()); n != 1 {
+		t.Fatalf("%d spill files for one open file, want 1", n)
+	}
+	fsys.Unmounted()
+	if left := spills(); len(left) != 0 {
+		t.Fatalf("spill files left for a file with nothing unsaved: %v", left)
+	}
+	if got := blobContent(t, mem, "clean"); string(got) != "committed" {
+		t.Fatalf("store has %q", got)
+	}
+
+	// The handle goes on working (nothing here unmounts): a write loads
+	// the blob again, and a dirty file keeps its spill file.
+	mustWriteHandle(t, clean, []byte(" and more"))
+	fsys.Unmounted()
+	if n := len(spills()); n != 1 {
+		t.Fatalf("%d spill files for a file with unsaved changes, want 1", n)
+	}
 }

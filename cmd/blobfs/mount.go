@@ -616,6 +616,7 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 		if serr := fsys.Sync(sctx); serr != nil {
 			logger.Error("upload after unmount failed", "err", serr)
 		}
+		fsys.Unmounted()
 		return err
 	case <-ctx.Done():
 	}
@@ -641,6 +642,7 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 			logger.Error("upload before exit failed; data kept in the cache directory", "err", err)
 		}
 	}
+	fsys.Unmounted()
 	return nil
 }
 
@@ -730,12 +732,24 @@ func mountedAt(path string) string {
 	return ""
 }
 
+// unmountBusyWait is how long unmountPath tries again while the mount is
+// busy.
+const unmountBusyWait = time.Second
+
 func unmountPath(mp string, lazy bool) error {
 	abs, err := filepath.Abs(mp)
 	if err != nil {
 		return err
 	}
 	err = fusefs.Unmount(abs, lazy)
+	// A file closed just before keeps the mount busy until blobfs has
+	// answered the kernel's RELEASE for it, which the kernel sends after
+	// close returns: `cp f /mnt && blobfs unmount /mnt` would often fail.
+	// A short wait tells that apart from a process holding a file.
+	for deadline := time.Now().Add(unmountBusyWait); errors.Is(err, syscall.EBUSY) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		err = fusefs.Unmount(abs, lazy)
+	}
 	switch {
 	case err == nil:
 		return nil
