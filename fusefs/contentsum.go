@@ -66,10 +66,8 @@ type sumChecks struct {
 
 	mu      sync.Mutex
 	files   map[verKey]*sumCheck
-	corrupt map[verKey]bool // versions found not to match; bounded
-	order   []verKey        // corrupt's keys, oldest first
-	good    map[verKey]bool // versions read whole that matched; bounded
-	goodOld []verKey        // good's keys, oldest first
+	corrupt versionSet // versions found not to match
+	good    versionSet // versions read whole that matched
 
 	verified   atomic.Int64 // whole reads that matched (Stats.ContentVerified)
 	mismatches atomic.Int64 // whole reads that did not (Stats.ContentMismatches)
@@ -123,7 +121,31 @@ type sumFlight struct {
 }
 
 func newSumChecks(log *slog.Logger, onMismatch func(name, etag string)) *sumChecks {
-	return &sumChecks{log: log, onMismatch: onMismatch, files: map[verKey]*sumCheck{}, corrupt: map[verKey]bool{}, good: map[verKey]bool{}}
+	return &sumChecks{log: log, onMismatch: onMismatch, files: map[verKey]*sumCheck{},
+		corrupt: newVersionSet(maxCorruptSum), good: newVersionSet(maxGoodSum)}
+}
+
+// versionSet is a set of versions that forgets its oldest beyond max.
+type versionSet struct {
+	max   int
+	has   map[verKey]bool
+	order []verKey // oldest first
+}
+
+func newVersionSet(max int) versionSet {
+	return versionSet{max: max, has: map[verKey]bool{}}
+}
+
+func (v *versionSet) add(key verKey) {
+	if v.has[key] {
+		return
+	}
+	if len(v.order) >= v.max {
+		delete(v.has, v.order[0])
+		v.order = v.order[1:]
+	}
+	v.has[key] = true
+	v.order = append(v.order, key)
 }
 
 // expect says a reader reads version etag of blob name, size bytes whose
@@ -142,7 +164,7 @@ func (s *sumChecks) expect(name, etag string, size int64, want contentSum, start
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.corrupt[key] {
+	if s.corrupt.has[key] {
 		return errContentMismatch
 	}
 	if c := s.files[key]; c != nil {
@@ -196,21 +218,13 @@ func (s *sumChecks) trusted(name, etag string, want contentSum) bool {
 	key := verKey{name, etag}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.good[key] && !s.corrupt[key]
+	return s.good.has[key] && !s.corrupt.has[key]
 }
 
 func (s *sumChecks) markGood(key verKey) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.good[key] {
-		return
-	}
-	if len(s.goodOld) >= maxGoodSum {
-		delete(s.good, s.goodOld[0])
-		s.goodOld = s.goodOld[1:]
-	}
-	s.good[key] = true
-	s.goodOld = append(s.goodOld, key)
+	s.good.add(key)
 }
 
 // corrupt tells whether a version was found not to match: a read that
@@ -222,7 +236,7 @@ func (s *sumChecks) isCorrupt(name, etag string) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.corrupt[verKey{name, etag}]
+	return s.corrupt.has[verKey{name, etag}]
 }
 
 // begin registers a fetch of [off, off+n) of a version; the fetch must end
@@ -409,15 +423,7 @@ func (c *sumCheck) coveredLocked(off int64) bool {
 func (s *sumChecks) markCorrupt(key verKey) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.corrupt[key] {
-		return
-	}
-	if len(s.order) >= maxCorruptSum {
-		delete(s.corrupt, s.order[0])
-		s.order = s.order[1:]
-	}
-	s.corrupt[key] = true
-	s.order = append(s.order, key)
+	s.corrupt.add(key)
 }
 
 // stats returns the whole reads verified and those that did not match.

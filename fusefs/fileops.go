@@ -726,17 +726,24 @@ func (fs *FS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
 	}
 }
 
-// Sync uploads every dirty file, those open and those whose upload runs
-// in the background (write-back, retries); used before unmounting.
-func (fs *FS) Sync(ctx context.Context) error {
+// openFiles returns the files open now, or whose upload runs after their
+// release.
+func (fs *FS) openFiles() []*openFile {
 	fs.mu.Lock()
+	defer fs.mu.Unlock()
 	var files []*openFile
 	for _, n := range fs.nodes.byID {
 		if n.file != nil {
 			files = append(files, n.file)
 		}
 	}
-	fs.mu.Unlock()
+	return files
+}
+
+// Sync uploads every dirty file, those open and those whose upload runs
+// in the background (write-back, retries); used before unmounting.
+func (fs *FS) Sync(ctx context.Context) error {
+	files := fs.openFiles()
 	var errs []error
 	for _, of := range files {
 		if err := of.commit(ctx); err != nil {
@@ -754,14 +761,7 @@ func (fs *FS) Sync(ctx context.Context) error {
 // store lacks keeps its spill file, and the data stays in the cache
 // directory.
 func (fs *FS) Unmounted() {
-	fs.mu.Lock()
-	var files []*openFile
-	for _, n := range fs.nodes.byID {
-		if n.file != nil {
-			files = append(files, n.file)
-		}
-	}
-	fs.mu.Unlock()
+	files := fs.openFiles()
 	for _, of := range files {
 		of.mu.Lock()
 		clean := !of.dirty()

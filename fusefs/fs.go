@@ -223,14 +223,7 @@ type Stats struct {
 // spill file: meant for a metrics scrape, not for every request.
 func (fs *FS) Stats() Stats {
 	var s Stats
-	fs.mu.Lock()
-	var files []*openFile
-	for _, n := range fs.nodes.byID {
-		if n.file != nil {
-			files = append(files, n.file)
-		}
-	}
-	fs.mu.Unlock()
+	files := fs.openFiles()
 	for _, of := range files {
 		of.mu.Lock()
 		if of.spill != nil {
