@@ -136,6 +136,9 @@ func newVersionSet(max int) versionSet {
 	return versionSet{max: max, has: map[verKey]bool{}}
 }
 
+// remove takes key out; its place in order goes with the next eviction.
+func (v *versionSet) remove(key verKey) { delete(v.has, key) }
+
 func (v *versionSet) add(key verKey) {
 	if v.has[key] {
 		return
@@ -345,14 +348,16 @@ func (s *sumChecks) verdict(key verKey, size int64, want contentSum, got []byte)
 		s.markGood(key)
 		return nil
 	}
-	s.mismatches.Add(1)
 	s.markCorrupt(key)
-	s.log.Error("content does not match the blob's Content-MD5: reads of it fail with EIO (--verify-md5=false reads it anyway)",
-		"path", key.name, "etag", key.etag, "size", size,
-		"content_md5", hex.EncodeToString(want[:]), "read_md5", hex.EncodeToString(got))
 	if s.onMismatch != nil {
 		s.onMismatch(key.name, key.etag)
 	}
+	// Counted once its copies are gone, so that whoever sees the count
+	// sees them gone.
+	s.mismatches.Add(1)
+	s.log.Error("content does not match the blob's Content-MD5: reads of it fail with EIO (--verify-md5=false reads it anyway)",
+		"path", key.name, "etag", key.etag, "size", size,
+		"content_md5", hex.EncodeToString(want[:]), "read_md5", hex.EncodeToString(got))
 	return errContentMismatch
 }
 
@@ -424,6 +429,9 @@ func (s *sumChecks) markCorrupt(key verKey) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.corrupt.add(key)
+	// Not trusted again once corrupt drops it, however long good keeps
+	// what it has.
+	s.good.remove(key)
 }
 
 // stats returns the whole reads verified and those that did not match.

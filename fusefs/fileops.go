@@ -754,7 +754,7 @@ func (fs *FS) Sync(ctx context.Context) error {
 }
 
 // Unmounted lets go of the spill files of files still open once the mount
-// is gone for good and Sync has run: the RELEASE the kernel queues for a
+// is gone for good (no request can come any more) and Sync has run: the RELEASE the kernel queues for a
 // file closed just before the unmount may never reach this process, and
 // its spill file would stay in the cache directory (a foreground mount
 // stopped right after a write left it there). A file with changes the
@@ -763,11 +763,6 @@ func (fs *FS) Sync(ctx context.Context) error {
 func (fs *FS) Unmounted() {
 	files := fs.openFiles()
 	for _, of := range files {
-		of.mu.Lock()
-		clean := !of.dirty()
-		of.mu.Unlock()
-		if clean {
-			of.close()
-		}
+		of.closeIfClean()
 	}
 }

@@ -39,7 +39,8 @@ func TestFlushIgnoresInterrupt(t *testing.T) {
 // the spill files of files whose RELEASE never came: the kernel sends it
 // after close returns, so a mount stopped right after a write left one in
 // the cache directory. A file with changes the store lacks keeps its spill
-// file: that is where its data is.
+// file: that is where its data is. (The files stay open here; after a real
+// unmount no request can use them.)
 func TestUnmountedDropsCleanSpills(t *testing.T) {
 	mem := blobstore.NewMemory()
 	mnt, fsys := mountStore(t, mem, Options{})
@@ -71,9 +72,13 @@ func TestUnmountedDropsCleanSpills(t *testing.T) {
 		t.Fatalf("store has %q", got)
 	}
 
-	// The handle goes on working (nothing here unmounts): a write loads
-	// the blob again, and a dirty file keeps its spill file.
-	mustWriteHandle(t, clean, []byte(" and more"))
+	// A file with changes the store lacks keeps its spill file.
+	dirty, err := os.Create(join(mnt, "dirty"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dirty.Close()
+	mustWriteHandle(t, dirty, []byte("not uploaded"))
 	fsys.Unmounted()
 	if n := len(spills()); n != 1 {
 		t.Fatalf("%d spill files for a file with unsaved changes, want 1", n)

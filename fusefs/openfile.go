@@ -516,6 +516,25 @@ func (of *openFile) upload(ctx context.Context, path string, f *os.File, size in
 func (of *openFile) close() {
 	of.mu.Lock()
 	defer of.mu.Unlock()
+	of.closeLocked()
+}
+
+// closeIfClean is close for a file with nothing unsaved, checked in the
+// same hold of the locks: a write landing between a check and the close
+// would be dropped with the spill file. It reports whether it closed.
+func (of *openFile) closeIfClean() bool {
+	of.commitMu.Lock()
+	defer of.commitMu.Unlock()
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	if of.dirty() {
+		return false
+	}
+	of.closeLocked()
+	return true
+}
+
+func (of *openFile) closeLocked() {
 	if of.stream != nil {
 		of.stream.abandon()
 		of.stream = nil

@@ -841,7 +841,12 @@ func unmount(mountpoint string, lazy bool) error {
 	}
 	out, err := exec.Command("fusermount3", append(args, "--", mountpoint)...).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("fusermount3 -u: %v: %s", err, strings.TrimSpace(string(out)))
+		msg := strings.TrimSpace(string(out))
+		if strings.Contains(msg, syscall.EBUSY.Error()) {
+			// As umount(2) would say it, so that callers can tell.
+			return fmt.Errorf("fusermount3 -u: %s: %w", msg, syscall.EBUSY)
+		}
+		return fmt.Errorf("fusermount3 -u: %v: %s", err, msg)
 	}
 	return nil
 }

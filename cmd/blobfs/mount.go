@@ -625,6 +625,7 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 	if err := fsys.Sync(sctx); err != nil {
 		logger.Error("upload before unmount failed; data kept in the cache directory", "err", err)
 	}
+	gone := true // no request can come any more
 	if err := sess.Unmount(false); err != nil {
 		// Files are still open: detach the mount from the namespace now
 		// and serve the open files a little longer, then upload what
@@ -636,13 +637,18 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 		select {
 		case <-done:
 		case <-time.After(c.grace):
+			// Still served until the process exits: their spill
+			// files stay theirs.
 			logger.Warn("files still open after the grace period; exiting")
+			gone = false
 		}
 		if err := fsys.Sync(sctx); err != nil {
 			logger.Error("upload before exit failed; data kept in the cache directory", "err", err)
 		}
 	}
-	fsys.Unmounted()
+	if gone {
+		fsys.Unmounted()
+	}
 	return nil
 }
 
