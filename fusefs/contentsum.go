@@ -6,6 +6,7 @@ import (
 	"errors"
 	"hash"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -136,8 +137,14 @@ func newVersionSet(max int) versionSet {
 	return versionSet{max: max, has: map[verKey]bool{}}
 }
 
-// remove takes key out; its place in order goes with the next eviction.
-func (v *versionSet) remove(key verKey) { delete(v.has, key) }
+// remove takes key out (a scan: for the rare case).
+func (v *versionSet) remove(key verKey) {
+	if !v.has[key] {
+		return
+	}
+	delete(v.has, key)
+	v.order = slices.DeleteFunc(v.order, func(k verKey) bool { return k == key })
+}
 
 func (v *versionSet) add(key verKey) {
 	if v.has[key] {

@@ -754,12 +754,12 @@ func (fs *FS) Sync(ctx context.Context) error {
 }
 
 // Unmounted lets go of the spill files of files still open once the mount
-// is gone for good (no request can come any more) and Sync has run: the RELEASE the kernel queues for a
-// file closed just before the unmount may never reach this process, and
-// its spill file would stay in the cache directory (a foreground mount
-// stopped right after a write left it there). A file with changes the
-// store lacks keeps its spill file, and the data stays in the cache
-// directory.
+// is gone for good (no request can come any more) and Sync has run: the
+// RELEASE the kernel queues for a file closed just before the unmount may
+// never reach this process, and its spill file would stay in the cache
+// directory (a foreground mount stopped right after a write left it
+// there). A file with changes the store lacks keeps its spill file, and
+// the data stays in the cache directory.
 func (fs *FS) Unmounted() {
 	files := fs.openFiles()
 	for _, of := range files {
