@@ -321,3 +321,24 @@ func TestTrustedNotCorrupt(t *testing.T) {
 		t.Fatal("a version found corrupt is still trusted for passthrough")
 	}
 }
+
+// versionSet forgets its oldest beyond its bound; a version taken out
+// leaves no place behind that would push a later one out early.
+func TestVersionSet(t *testing.T) {
+	v := newVersionSet(3)
+	k := func(i int) verKey { return verKey{"b", fmt.Sprint(i)} }
+	for i := range 3 {
+		v.add(k(i))
+	}
+	v.remove(k(1))
+	v.add(k(1)) // back, now the newest
+	v.add(k(3)) // pushes out k(0), the oldest
+	for i, want := range []bool{false, true, true, true} {
+		if v.has[k(i)] != want {
+			t.Errorf("has %d: %v, want %v (order %v)", i, v.has[k(i)], want, v.order)
+		}
+	}
+	if len(v.order) != 3 {
+		t.Errorf("order holds %d, want 3", len(v.order))
+	}
+}
