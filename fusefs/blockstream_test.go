@@ -46,6 +46,12 @@ func (s *gatedStore) StageBlock(ctx context.Context, name, id string, data []byt
 	return s.Store.StageBlock(ctx, name, id, data)
 }
 
+// newGatedStore returns a gatedStore over a new memory store, its gate
+// shut.
+func newGatedStore() *gatedStore {
+	return &gatedStore{Store: blobstore.NewMemory(), gate: make(chan struct{})}
+}
+
 func (s *gatedStore) open() { s.once.Do(func() { close(s.gate) }) }
 
 func (s *gatedStore) counts() (inFlight, started int) {
@@ -73,7 +79,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestStreamingStagesBlocksInParallel(t *testing.T) {
 	const bs, conc = 1 << 20, 3
 	slots := 2 * conc
-	store := &gatedStore{Store: blobstore.NewMemory(), gate: make(chan struct{})}
+	store := newGatedStore()
 	mnt, _ := mountStore(t, store, Options{UploadBlockSize: bs, UploadConcurrency: conc})
 	t.Cleanup(store.open) // before the unmount, should the test fail early
 	data := pattern(slots*bs+777, 9)
@@ -127,7 +133,7 @@ func TestStreamingAfterEarlyFlush(t *testing.T) {
 		{"less than a block", pattern(bs/3, 4)},
 	} {
 		t.Run(early.name, func(t *testing.T) {
-			store := &gatedStore{Store: blobstore.NewMemory(), gate: make(chan struct{})}
+			store := newGatedStore()
 			store.open()
 			mnt, _ := mountStore(t, store, Options{UploadBlockSize: bs, UploadConcurrency: 3})
 			f, err := os.Create(join(mnt, "out"))
@@ -171,7 +177,7 @@ func TestStreamingAfterEarlyFlush(t *testing.T) {
 // to the old name.
 func TestStreamNotStagedUnderOldName(t *testing.T) {
 	const bs = 1 << 20
-	store := &gatedStore{Store: blobstore.NewMemory(), gate: make(chan struct{})}
+	store := newGatedStore()
 	store.open()
 	mnt, _ := mountStore(t, store, Options{UploadBlockSize: bs, UploadConcurrency: 3})
 	f, err := os.Create(join(mnt, "a"))
