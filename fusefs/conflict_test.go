@@ -303,6 +303,23 @@ func mustOpen(t *testing.T, p string, flag int) *os.File {
 	return f
 }
 
+// waitWritersReleased waits until the file at path has no write handle
+// left: until the kernel's RELEASE of a closed one arrives, what its
+// writer saw at open still conditions the file's next commit.
+func waitWritersReleased(t *testing.T, fsys *FS, path string) {
+	t.Helper()
+	waitFor(t, "the writers of "+path+" released", func() bool {
+		fsys.mu.Lock()
+		defer fsys.mu.Unlock()
+		for _, n := range fsys.nodes.byID {
+			if n.name == path && n.file != nil && n.file.writers > 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 func mustWriteHandle(t *testing.T, f *os.File, b []byte) {
 	t.Helper()
 	if _, err := f.Write(b); err != nil {
@@ -328,11 +345,14 @@ func TestConflictTruncateByNameAfterWritersLeft(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
 		opts := conflictMountOptions
 		opts.CacheDir = t.TempDir()
-		mnt, _ := mountStore(t, s, opts)
+		mnt, fsys := mountStore(t, s, opts)
 		p := join(mnt, "f")
 		putBlob(t, s, "f", []byte("old content\n"), nil)
 		r := mustOpen(t, p, os.O_RDONLY)
 		mustClose(t, mustOpen(t, p, os.O_WRONLY).Close())
+		// Closed for blobfs once the kernel's RELEASE arrives, after
+		// close returns: on a loaded machine it came after the truncate.
+		waitWritersReleased(t, fsys, "f")
 		putBlob(t, s, "f", []byte("replaced through the store API\n"), nil)
 		if err := os.Truncate(p, 8); err != nil {
 			t.Fatalf("truncate: %v", err)
