@@ -40,6 +40,7 @@ func TestConformance(t *testing.T) {
 		{"ListInterleaved", testListInterleaved},
 		{"ListAttrs", testListAttrs},
 		{"Blocks", testBlocks},
+		{"CommittedBlocks", testCommittedBlocks},
 		{"Delete", testDelete},
 		{"BlobAndPrefix", testBlobAndPrefix},
 		{"Copy", testCopy},
@@ -592,6 +593,82 @@ func testBlocks(t *testing.T, s blobstore.Store) {
 	}
 	if b := readAll(t, s, "b/blob"); string(b) != "newnew" || a2.ETag == a.ETag || len(stat(t, s, "b/blob").Metadata) != 0 {
 		t.Errorf("after second commit: content %q, attrs %+v", b, a2)
+	}
+}
+
+// testCommittedBlocks: a commit may name blocks of the blob's committed
+// block list, which is how a file fsync'ed again keeps the blocks it
+// already sent.
+func testCommittedBlocks(t *testing.T, s blobstore.Store) {
+	ctx := t.Context()
+	const name = "cb/blob"
+	nonce := blobstore.NewBlockNonce()
+	id := func(i int) string { return blobstore.BlockID(nonce, i) }
+	stage := func(i int, data string) {
+		t.Helper()
+		if err := s.StageBlock(ctx, name, id(i), []byte(data)); err != nil {
+			t.Fatalf("StageBlock %d: %v", i, err)
+		}
+	}
+	commit := func(what string, want string, ids ...int) blobstore.Attrs {
+		t.Helper()
+		list := make([]string, len(ids))
+		for i, n := range ids {
+			list[i] = id(n)
+		}
+		a, err := s.CommitBlocks(ctx, name, list, blobstore.PutOptions{})
+		if err != nil {
+			t.Fatalf("%s: CommitBlocks: %v", what, err)
+		}
+		if b := readAll(t, s, name); string(b) != want || a.Size != int64(len(want)) {
+			t.Fatalf("%s: content %q, size %d; want %q", what, b, a.Size, want)
+		}
+		return a
+	}
+	refused := func(what string, ids ...int) {
+		t.Helper()
+		before := stat(t, s, name)
+		list := make([]string, len(ids))
+		for i, n := range ids {
+			list[i] = id(n)
+		}
+		if _, err := s.CommitBlocks(ctx, name, list, blobstore.PutOptions{}); err == nil {
+			t.Fatalf("%s: CommitBlocks succeeded", what)
+		}
+		if after := stat(t, s, name); after.ETag != before.ETag {
+			t.Fatalf("%s: a failed commit changed the blob", what)
+		}
+	}
+
+	stage(0, "aaa")
+	stage(1, "bbb")
+	a := commit("staged", "aaabbb", 0, 1)
+	// Block 0 stays as committed, 2 is new; 1 leaves the list.
+	stage(2, "ccc")
+	commit("committed and staged", "aaaccc", 0, 2)
+	// Committed blocks only, reordered and repeated.
+	a2 := commit("committed only", "cccaaaccc", 2, 0, 2)
+	refused("a block the last commit left out", 1)
+	// A block staged under a committed id wins ("Latest").
+	stage(0, "AAA")
+	commit("staged over committed", "AAAccc", 0, 2)
+	// Conditions are checked first: a stale If-Match fails as such.
+	_, err := s.CommitBlocks(ctx, name, []string{id(0)}, blobstore.PutOptions{Conditions: blobstore.Conditions{IfMatch: a.ETag}})
+	wantErr(t, "commit on a stale ETag", err, blobstore.ErrPreconditionFailed)
+	if a2.ETag == a.ETag {
+		t.Fatal("commits kept the ETag")
+	}
+	// A Put leaves no committed blocks, and neither does a deleted blob.
+	put(t, s, name, []byte("put"), nil)
+	refused("after a Put", 0)
+	stage(3, "ddd")
+	commit("after a Put, staged", "ddd", 3)
+	if err := s.Delete(ctx, name, blobstore.Conditions{}); err != nil {
+		t.Fatal(err)
+	}
+	stage(4, "eee")
+	if _, err := s.CommitBlocks(ctx, name, []string{id(3), id(4)}, blobstore.PutOptions{}); err == nil {
+		t.Fatal("a deleted blob's blocks were committed")
 	}
 }
 

@@ -70,7 +70,9 @@ import (
 // Staged blocks are files under DIR/.blobfs-tmp/blocks/SHA256(name)/;
 // CommitBlocks claims that directory with one rename, concatenates the
 // listed blocks into a temporary file (copy_file_range, a reflink where the
-// filesystem can) and renames it into place. NewLocal finishes a self-file
+// filesystem can) and renames it into place. A block of the blob's
+// committed block list is copied from the current blob file, at the place
+// its list (committedList) gives. NewLocal finishes a self-file
 // conversion that the non-atomic fallback (filesystems without
 // RENAME_EXCHANGE) left half done, and removes temporary files older than
 // a day and staged blocks older than a week (Azure keeps uncommitted
@@ -89,6 +91,7 @@ type Local struct {
 	dir      string // root of the container: absolute, symlinks resolved
 	tmpDir   string // DIR/.blobfs-tmp/tmp: temporary files and directories
 	blockDir string // DIR/.blobfs-tmp/blocks: staged blocks per blob
+	listDir  string // DIR/.blobfs-tmp/lists: committed block lists per blob
 	lockPath string // DIR/.blobfs-tmp/lock: flock'ed around namespace changes
 
 	mu sync.Mutex // serializes namespace changes within the process
@@ -150,9 +153,10 @@ func NewLocal(dir string) (*Local, error) {
 		dir:      abs,
 		tmpDir:   filepath.Join(staging, "tmp"),
 		blockDir: filepath.Join(staging, "blocks"),
+		listDir:  filepath.Join(staging, "lists"),
 		lockPath: filepath.Join(staging, "lock"),
 	}
-	for _, d := range []string{staging, l.tmpDir, l.blockDir} {
+	for _, d := range []string{staging, l.tmpDir, l.blockDir, l.listDir} {
 		if err := os.Mkdir(d, localDirPerm); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("local store %s: create staging area: %w", abs, mapOSError(err))
 		}
@@ -1009,11 +1013,14 @@ func (l *Local) CommitBlocks(ctx context.Context, name string, blockIDs []string
 	if len(blockIDs) > MaxBlocks {
 		return Attrs{}, fmt.Errorf("blobstore: %q: %d blocks, more than %d", name, len(blockIDs), MaxBlocks)
 	}
-	claimed, err := l.claimBlocks(name, blockIDs, opts.Conditions)
+	claimed, committed, err := l.claimBlocks(name, blockIDs, opts.Conditions)
 	if err != nil {
 		return Attrs{}, err
 	}
-	size, tmp, err := l.concatBlocks(ctx, name, claimed, blockIDs, opts.Metadata, opts.ContentMD5)
+	if committed != nil {
+		defer committed.f.Close()
+	}
+	sizes, tmp, err := l.concatBlocks(ctx, name, claimed, committed, blockIDs, opts.Metadata, opts.ContentMD5)
 	if err == nil {
 		err = l.publish(ctx, name, tmp.name, opts.Conditions)
 	}
@@ -1024,51 +1031,150 @@ func (l *Local) CommitBlocks(ctx context.Context, name string, blockIDs []string
 		return Attrs{}, err
 	}
 	_ = os.RemoveAll(claimed)
+	l.writeList(name, committedList{ETag: tmp.meta.ETag, IDs: blockIDs, Sizes: sizes})
+	var size int64
+	for _, n := range sizes {
+		size += n
+	}
 	return tmp.meta.attrs(name, size), nil
 }
 
+// committedList is a blob's committed block list, kept in
+// DIR/.blobfs-tmp/lists/SHA256(name) as JSON. It is written after the
+// commit it describes and holds only while the blob's ETag is ETag: a
+// list that a Put, a crash or a racing commit left stale names another
+// version and is ignored. So a stale list can make a commit that names
+// committed blocks fail (its caller then sends them again), never take
+// bytes from another version; it need not be fsynced.
+type committedList struct {
+	ETag  string   `json:"etag"`
+	IDs   []string `json:"ids"`
+	Sizes []int64  `json:"sizes"`
+}
+
+func (l *Local) listOf(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return filepath.Join(l.listDir, hex.EncodeToString(sum[:]))
+}
+
+// writeList replaces name's committed block list; a failure only costs a
+// later commit its reuse of these blocks.
+func (l *Local) writeList(name string, list committedList) {
+	b, err := json.Marshal(list)
+	if err != nil {
+		return
+	}
+	f, err := l.createTemp("list")
+	if err != nil {
+		return
+	}
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), l.listOf(name))
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+}
+
+// committedBlocks is where the blocks of a blob's committed block list
+// are: ranges of the open blob file f, the version the list describes.
+type committedBlocks struct {
+	f      *os.File
+	ranges map[string][2]int64 // id -> offset, size
+}
+
+// openCommittedLocked opens name's current version with the places of
+// its committed blocks, or returns nil if it has no valid list. Called
+// with the namespace lock held, so that the version opened is the one
+// whose ETag is checked.
+func (l *Local) openCommittedLocked(name string) *committedBlocks {
+	b, err := os.ReadFile(l.listOf(name))
+	if err != nil {
+		return nil
+	}
+	var list committedList
+	if json.Unmarshal(b, &list) != nil || len(list.IDs) != len(list.Sizes) {
+		return nil
+	}
+	f, err := l.openBlob(name)
+	if err != nil {
+		return nil
+	}
+	if m, err := readMeta(f); err != nil || m.ETag != list.ETag {
+		f.Close()
+		return nil
+	}
+	c := &committedBlocks{f: f, ranges: make(map[string][2]int64, len(list.IDs))}
+	var off int64
+	for i, id := range list.IDs {
+		c.ranges[id] = [2]int64{off, list.Sizes[i]}
+		off += list.Sizes[i]
+	}
+	return c
+}
+
 // claimBlocks checks, under the namespace lock, that cond holds and every
-// listed block is staged, then takes the blob's staged blocks out of reach
-// of other committers with one rename. It returns the directory that now
-// holds them.
-func (l *Local) claimBlocks(name string, ids []string, cond Conditions) (string, error) {
+// listed block is staged or committed, then takes the blob's staged blocks
+// out of reach of other committers with one rename. It returns the
+// directory that now holds them and, if some listed block is not staged,
+// the committed ones (to be closed by the caller).
+func (l *Local) claimBlocks(name string, ids []string, cond Conditions) (claimed string, committed *committedBlocks, err error) {
 	unlock, err := l.lock()
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	defer unlock()
+	defer func() {
+		if err != nil && committed != nil {
+			committed.f.Close()
+		}
+	}()
 	// Fail early on a condition that already does not hold; publish
 	// checks again at the end.
 	exists, etag, err := l.currentETag(name)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if err := evalConditions(name, cond, exists, etag); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	dir := l.blocksOf(name)
 	for _, id := range ids {
-		if _, err := os.Lstat(filepath.Join(dir, blockFile(id))); err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return "", fmt.Errorf("blobstore: commit %q: block %q was not staged", name, id)
-			}
-			return "", err
+		_, err := os.Lstat(filepath.Join(dir, blockFile(id)))
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return "", nil, err
+		}
+		if committed == nil && exists {
+			committed = l.openCommittedLocked(name)
+		}
+		if committed == nil {
+			return "", nil, fmt.Errorf("blobstore: commit %q: block %q is neither staged nor committed", name, id)
+		}
+		if _, ok := committed.ranges[id]; !ok {
+			return "", nil, fmt.Errorf("blobstore: commit %q: block %q is neither staged nor committed", name, id)
 		}
 	}
-	claimed := filepath.Join(l.tmpDir, "claim-"+randomHex(8))
+	claimed = filepath.Join(l.tmpDir, "claim-"+randomHex(8))
 	if err := os.Rename(dir, claimed); err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
-			return "", fmt.Errorf("local store: commit %q: %w", name, err)
+			return "", nil, fmt.Errorf("local store: commit %q: %w", name, err)
 		}
-		// Nothing staged (ids is empty): an empty blob.
+		// Nothing staged: an empty blob, or committed blocks only.
 		if err := os.Mkdir(claimed, localDirPerm); err != nil {
-			return "", err
+			return "", nil, err
 		}
 	}
 	// Age-based clean-up of the staging area goes by mtime.
 	now := time.Now()
 	_ = os.Chtimes(claimed, now, now)
-	return claimed, nil
+	return claimed, committed, nil
 }
 
 // unclaimBlocks puts claimed blocks back after a failed commit, without
@@ -1101,40 +1207,63 @@ type finishedTemp struct {
 }
 
 // concatBlocks writes the listed blocks, in order, into a new temporary
-// file with metadata md.
-func (l *Local) concatBlocks(ctx context.Context, name, claimed string, ids []string, md map[string]string, sum []byte) (int64, finishedTemp, error) {
+// file with metadata md: each staged one from claimed, any other from the
+// committed blocks. It returns the blocks' sizes.
+func (l *Local) concatBlocks(ctx context.Context, name, claimed string, committed *committedBlocks, ids []string, md map[string]string, sum []byte) ([]int64, finishedTemp, error) {
 	f, err := l.createTemp("commit")
 	if err != nil {
-		return 0, finishedTemp{}, err
+		return nil, finishedTemp{}, err
 	}
-	fail := func(err error) (int64, finishedTemp, error) {
+	fail := func(err error) ([]int64, finishedTemp, error) {
 		f.Close()
 		os.Remove(f.Name())
-		return 0, finishedTemp{}, err
+		return nil, finishedTemp{}, fmt.Errorf("local store: commit %q: %w", name, err)
 	}
-	var size int64
-	for _, id := range ids {
+	sizes := make([]int64, len(ids))
+	for i, id := range ids {
 		if err := ctx.Err(); err != nil {
 			return fail(err)
 		}
-		b, err := os.Open(filepath.Join(claimed, blockFile(id)))
-		if err != nil {
-			return fail(fmt.Errorf("local store: commit %q: block %q: %w", name, id, err))
-		}
-		// io.Copy between two files uses copy_file_range: no copy
+		// Copies between two files use copy_file_range: no copy
 		// through user space, a reflink where supported.
-		n, err := io.Copy(f, b)
-		b.Close()
-		if err != nil {
-			return fail(fmt.Errorf("local store: commit %q: %w", name, err))
+		b, err := os.Open(filepath.Join(claimed, blockFile(id)))
+		if err == nil {
+			sizes[i], err = io.Copy(f, b)
+			b.Close()
+		} else if r, ok := committed.lookup(id); ok && errors.Is(err, fs.ErrNotExist) {
+			sizes[i], err = copyRange(f, committed.f, r[0], r[1])
 		}
-		size += n
+		if err != nil {
+			return fail(fmt.Errorf("block %q: %w", id, err))
+		}
 	}
 	m := newLocalMeta(md, sum)
 	if err := finishTemp(f, m); err != nil {
-		return 0, finishedTemp{}, err
+		return nil, finishedTemp{}, err
 	}
-	return size, finishedTemp{name: f.Name(), meta: m}, nil
+	return sizes, finishedTemp{name: f.Name(), meta: m}, nil
+}
+
+// lookup returns the place of committed block id; c may be nil.
+func (c *committedBlocks) lookup(id string) ([2]int64, bool) {
+	if c == nil {
+		return [2]int64{}, false
+	}
+	r, ok := c.ranges[id]
+	return r, ok
+}
+
+// copyRange appends n bytes of src at off to dst, with copy_file_range
+// (os.File.ReadFrom takes a LimitedReader of a file at its offset).
+func copyRange(dst, src *os.File, off, n int64) (int64, error) {
+	if _, err := src.Seek(off, io.SeekStart); err != nil {
+		return 0, err
+	}
+	got, err := dst.ReadFrom(&io.LimitedReader{R: src, N: n})
+	if err == nil && got != n {
+		err = io.ErrUnexpectedEOF // the version's file is shorter than its list
+	}
+	return got, err
 }
 
 // Delete implements Store.
@@ -1177,6 +1306,7 @@ func (l *Local) Delete(ctx context.Context, name string, cond Conditions) error 
 		return fmt.Errorf("local store: delete %q: %w", name, mapOSError(err))
 	}
 	trash = l.dropBlocksLocked(name)
+	_ = os.Remove(l.listOf(name))
 	dirty = l.prune(filepath.Dir(path))
 	return nil
 }

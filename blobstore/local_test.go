@@ -444,7 +444,7 @@ func TestLocalCommitFailsAfterClaim(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	claimed, err := l.claimBlocks("g", ids, Conditions{})
+	claimed, _, err := l.claimBlocks("g", ids, Conditions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,11 +34,19 @@ type Memory struct {
 }
 
 type memBlob struct {
-	data    memData // never modified once stored
+	data memData // never modified once stored
+	// blocks is the committed block list of a blob made by
+	// CommitBlocks, its data shared with data; nil after a Put.
+	blocks  []memBlock
 	etag    string
 	modTime time.Time
 	md      map[string]string // owned by the store; copied in and out
 	md5     []byte            // Content-MD5, never modified once stored
+}
+
+type memBlock struct {
+	id   string
+	data []byte
 }
 
 var _ Store = (*Memory)(nil)
@@ -279,23 +287,39 @@ func (m *Memory) CommitBlocks(ctx context.Context, name string, blockIDs []strin
 	if len(blockIDs) > MaxBlocks {
 		return Attrs{}, fmt.Errorf("blobstore: %q: %d blocks, more than %d", name, len(blockIDs), MaxBlocks)
 	}
-	blocks := m.staged[name]
-	for _, id := range blockIDs {
-		if _, ok := blocks[id]; !ok {
-			return Attrs{}, fmt.Errorf("blobstore: commit %q: block %q was not staged", name, id)
-		}
-	}
+	// Conditions first, as the service checks them: a commit on a blob
+	// replaced meanwhile fails with ErrPreconditionFailed, not with the
+	// committed blocks it names being gone.
 	exists, etag := m.current(name)
 	if err := evalConditions(name, opts.Conditions, exists, etag); err != nil {
 		return Attrs{}, err
 	}
-	data := make(memData, 0, len(blockIDs))
-	for _, id := range blockIDs {
-		if len(blocks[id]) > 0 {
-			data = append(data, blocks[id])
+	staged := m.staged[name]
+	var committed map[string][]byte
+	if b := m.blobs[name]; b != nil && len(b.blocks) > 0 {
+		committed = make(map[string][]byte, len(b.blocks))
+		for _, blk := range b.blocks {
+			committed[blk.id] = blk.data
 		}
 	}
-	return m.commitLocked(name, data, opts.Metadata, opts.ContentMD5), nil
+	data := make(memData, 0, len(blockIDs))
+	blocks := make([]memBlock, 0, len(blockIDs))
+	for _, id := range blockIDs {
+		p, ok := staged[id]
+		if !ok {
+			if p, ok = committed[id]; !ok {
+				return Attrs{}, fmt.Errorf("blobstore: commit %q: block %q is neither staged nor committed", name, id)
+			}
+		}
+		if len(p) > 0 {
+			data = append(data, p)
+		}
+		blocks = append(blocks, memBlock{id, p})
+	}
+	m.commitLocked(name, data, opts.Metadata, opts.ContentMD5)
+	b := m.blobs[name]
+	b.blocks = blocks
+	return b.attrs(name), nil
 }
 
 // Delete implements Store.
@@ -374,6 +398,7 @@ func (m *Memory) SetMetadata(ctx context.Context, name string, md map[string]str
 	if staged != nil {
 		m.staged[name] = staged
 	}
+	m.blobs[name].blocks = b.blocks // as Azure, which keeps the list
 	return a, nil
 }
 

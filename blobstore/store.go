@@ -139,8 +139,15 @@ type Store interface {
 	// StageBlock uploads one uncommitted block of a blob. Block ids are
 	// opaque strings of equal length within one blob.
 	StageBlock(ctx context.Context, name, blockID string, data []byte) error
-	// CommitBlocks makes the blob the concatenation of the staged blocks
+	// CommitBlocks makes the blob the concatenation of the blocks
 	// listed, in order, and drops the blob's other uncommitted blocks.
+	// An id names the block staged under it or, when none is, the block
+	// of that id in the blob's committed block list (Azure's "Latest"),
+	// so that a commit can keep the blocks of the last one without
+	// sending them again. The committed block list is the one of the
+	// last CommitBlocks; a Put leaves none. (Whether SetMetadata and Copy
+	// keep it differs between backends: do not rely on it.) An id found
+	// nowhere fails the commit and leaves the blob as it was.
 	CommitBlocks(ctx context.Context, name string, blockIDs []string, opts PutOptions) (Attrs, error)
 	// Delete removes a blob.
 	Delete(ctx context.Context, name string, cond Conditions) error
