@@ -652,6 +652,11 @@ func testCommittedBlocks(t *testing.T, s blobstore.Store) {
 	// A block staged under a committed id wins ("Latest").
 	stage(0, "AAA")
 	commit("staged over committed", "AAAccc", 0, 2)
+	// Setting metadata keeps the list.
+	if _, err := s.SetMetadata(ctx, name, map[string]string{"k": "v"}, blobstore.Conditions{}); err != nil {
+		t.Fatal(err)
+	}
+	commit("after SetMetadata", "cccAAA", 2, 0)
 	// Conditions are checked first: a stale If-Match fails as such.
 	_, err := s.CommitBlocks(ctx, name, []string{id(0)}, blobstore.PutOptions{Conditions: blobstore.Conditions{IfMatch: a.ETag}})
 	wantErr(t, "commit on a stale ETag", err, blobstore.ErrPreconditionFailed)

@@ -1080,6 +1080,17 @@ func (l *Local) writeList(name string, list committedList) {
 	}
 }
 
+// readList returns name's committed block list, if it has a readable one
+// (not necessarily of its current version).
+func (l *Local) readList(name string) (committedList, bool) {
+	var list committedList
+	b, err := os.ReadFile(l.listOf(name))
+	if err != nil || json.Unmarshal(b, &list) != nil || len(list.IDs) != len(list.Sizes) {
+		return committedList{}, false
+	}
+	return list, true
+}
+
 // committedBlocks is where the blocks of a blob's committed block list
 // are: ranges of the open blob file f, the version the list describes.
 type committedBlocks struct {
@@ -1092,12 +1103,8 @@ type committedBlocks struct {
 // with the namespace lock held, so that the version opened is the one
 // whose ETag is checked.
 func (l *Local) openCommittedLocked(name string) *committedBlocks {
-	b, err := os.ReadFile(l.listOf(name))
-	if err != nil {
-		return nil
-	}
-	var list committedList
-	if json.Unmarshal(b, &list) != nil || len(list.IDs) != len(list.Sizes) {
+	list, ok := l.readList(name)
+	if !ok {
 		return nil
 	}
 	f, err := l.openBlob(name)
@@ -1404,6 +1411,12 @@ func (l *Local) SetMetadata(ctx context.Context, name string, md map[string]stri
 	}
 	if err := f.Sync(); err != nil {
 		return Attrs{}, fmt.Errorf("local store: set metadata of %q: %w", name, err)
+	}
+	// Same content, same blocks: the committed list follows the ETag,
+	// as Azure keeps it.
+	if list, ok := l.readList(name); ok && list.ETag == m.ETag {
+		list.ETag = nm.ETag
+		l.writeList(name, list)
 	}
 	return nm.attrs(name, a.Size), nil
 }

@@ -145,9 +145,10 @@ type Store interface {
 	// of that id in the blob's committed block list (Azure's "Latest"),
 	// so that a commit can keep the blocks of the last one without
 	// sending them again. The committed block list is the one of the
-	// last CommitBlocks; a Put leaves none. (Whether SetMetadata and Copy
-	// keep it differs between backends: do not rely on it.) An id found
-	// nowhere fails the commit and leaves the blob as it was.
+	// last CommitBlocks, kept by SetMetadata; a Put leaves none. (Whether
+	// a Copy's destination gets it differs between backends: do not rely
+	// on it.) An id found nowhere fails the commit and leaves the blob as
+	// it was.
 	CommitBlocks(ctx context.Context, name string, blockIDs []string, opts PutOptions) (Attrs, error)
 	// Delete removes a blob.
 	Delete(ctx context.Context, name string, cond Conditions) error

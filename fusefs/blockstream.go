@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"crypto/md5"
+	"encoding"
 	"errors"
 	"hash"
 	"io"
@@ -36,6 +37,18 @@ var errNoStream = errors.New("no usable block stream")
 // already handed out abandons the stream (under that lock) before anyone
 // can commit it, so a block read while being overwritten is never used.
 //
+// Carrying on: a file committed through its stream keeps a stream after
+// the commit (carryOn), which starts with the full blocks just committed:
+// they stay in the blob's committed block list, and the next commit names
+// them instead of sending them again (blobstore.Store.CommitBlocks), with
+// the MD5 resumed from its state after them. A log fsync'ed every few
+// writes so sends each byte about once, not the whole file at every fsync.
+// The same rule as for staged blocks keeps this right: a write below next
+// abandons the stream, and the next commit uploads the whole file. The
+// commit is conditional on the ETag the last one made, so the blocks named
+// are that version's; where a store no longer has them the commit fails,
+// and the whole file is uploaded instead.
+//
 // Locking: the owning openFile's mu serialises stageFull and commit's
 // callers; mu here guards ids and err, written by the uploads.
 type blockStream struct {
@@ -43,7 +56,7 @@ type blockStream struct {
 	name  string // blob the blocks are staged for
 	nonce string
 	bs    int64
-	next  int64 // bytes handed to uploads so far, a multiple of bs
+	next  int64 // bytes handed to uploads so far (or committed), a multiple of bs
 
 	wg sync.WaitGroup
 
@@ -51,12 +64,33 @@ type blockStream struct {
 	hash *streamHash
 
 	mu  sync.Mutex
-	ids []string
+	ids []string // block ids from offset 0: kept from the last commit, then staged
 	err error
 }
 
 func (fs *FS) newBlockStream(name string) *blockStream {
-	return &blockStream{fs: fs, name: name, nonce: blobstore.NewBlockNonce(), bs: fs.opts.UploadBlockSize, hash: newStreamHash()}
+	bs := fs.opts.UploadBlockSize
+	h := newStreamHash()
+	h.markEvery = bs
+	return &blockStream{fs: fs, name: name, nonce: blobstore.NewBlockNonce(), bs: bs, hash: h}
+}
+
+// carryOn returns the stream that follows a successful commit of st's
+// size bytes: it starts after the full blocks committed, which its commit
+// names again (see "Carrying on" above). nil if the MD5's state there is
+// not known.
+func (st *blockStream) carryOn(size int64) *blockStream {
+	keep := size / st.bs
+	h, ok := st.hash.resumeAt(keep * st.bs)
+	if !ok || keep > int64(len(st.ids)) {
+		return nil
+	}
+	return &blockStream{
+		fs: st.fs, name: st.name, nonce: blobstore.NewBlockNonce(), bs: st.bs,
+		next: keep * st.bs,
+		ids:  append([]string(nil), st.ids[:keep]...),
+		hash: h,
+	}
 }
 
 // streamHash is the MD5 of blocks read in parallel and hashed in order:
@@ -71,12 +105,38 @@ type streamHash struct {
 	h      hash.Hash
 	next   int64 // bytes hashed
 	broken bool  // a block was not read: there will be no sum
+
+	// markEvery, if set, makes the hash keep its state each time next
+	// is a multiple of it: markState, the state after markAt bytes.
+	markEvery int64
+	markAt    int64
+	markState []byte
 }
 
 func newStreamHash() *streamHash {
 	s := &streamHash{h: md5.New()}
 	s.cond = sync.NewCond(&s.mu)
 	return s
+}
+
+// resumeAt returns a new streamHash that goes on from this one's state
+// after off bytes, if it kept that state.
+func (s *streamHash) resumeAt(off int64) (*streamHash, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := newStreamHash()
+	r.markEvery = s.markEvery
+	if off == 0 {
+		return r, true
+	}
+	if s.broken || s.markState == nil || s.markAt != off {
+		return nil, false
+	}
+	if r.h.(encoding.BinaryUnmarshaler).UnmarshalBinary(s.markState) != nil {
+		return nil, false
+	}
+	r.next, r.markAt, r.markState = off, off, s.markState
+	return r, true
 }
 
 // add hashes the block at off once the bytes before it are hashed.
@@ -89,6 +149,11 @@ func (s *streamHash) add(off int64, p []byte) {
 	if !s.broken && s.next == off {
 		s.h.Write(p)
 		s.next += int64(len(p))
+		if s.markEvery > 0 && s.next%s.markEvery == 0 {
+			if state, err := s.h.(encoding.BinaryMarshaler).MarshalBinary(); err == nil {
+				s.markAt, s.markState = s.next, state
+			}
+		}
 	} else {
 		s.broken = true
 	}

@@ -447,11 +447,13 @@ func (of *openFile) commit(ctx context.Context) error {
 		attrs blobstore.Attrs
 		err   error
 	)
+	streamed := false
 	if stream != nil && stream.name == path && stream.next > 0 {
 		attrs, err = stream.commit(ctx, f, size, opts)
 		if err != nil {
 			of.fs.log.Debug("streamed commit failed; uploading the whole file", "path", path, "err", err)
 		}
+		streamed = err == nil
 	} else if stream != nil {
 		stream.abandon()
 		err = errNoStream
@@ -484,6 +486,11 @@ func (of *openFile) commit(ctx context.Context) error {
 		return fmt.Errorf("upload %q: %w", path, err)
 	}
 	of.committedGen = gen
+	if streamed && of.gen == gen && of.spill == f && of.stream == nil {
+		// Nothing changed during the upload: the next commit can keep
+		// the full blocks of this one.
+		of.stream = stream.carryOn(size)
+	}
 	of.baseETag = attrs.ETag
 	of.baseMeta = opts.Metadata
 	of.exclusive = false
