@@ -57,6 +57,8 @@ type blockStream struct {
 	nonce string
 	bs    int64
 	next  int64 // bytes handed to uploads so far (or committed), a multiple of bs
+	// reused is the bytes of the blocks kept from the last commit.
+	reused int64
 
 	wg sync.WaitGroup
 
@@ -87,7 +89,7 @@ func (st *blockStream) carryOn(size int64) *blockStream {
 	}
 	return &blockStream{
 		fs: st.fs, name: st.name, nonce: blobstore.NewBlockNonce(), bs: st.bs,
-		next: keep * st.bs,
+		next: keep * st.bs, reused: keep * st.bs,
 		ids:  append([]string(nil), st.ids[:keep]...),
 		hash: h,
 	}

@@ -68,13 +68,14 @@ func TestFsyncKeepsCommittedBlocks(t *testing.T) {
 	forCarryOnStores(t, func(t *testing.T, inner blobstore.Store) {
 		{
 			store := newSentCounter(inner)
-			mnt, _ := mountStore(t, store, Options{UploadBlockSize: bs})
+			mnt, fsys := mountStore(t, store, Options{UploadBlockSize: bs})
 			f, err := os.Create(join(mnt, "log"))
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer f.Close()
 			var all []byte
+			var committed int64 // the sizes of every commit, summed
 			for i := range rounds {
 				chunk := pattern(step, byte(i))
 				if _, err := f.Write(chunk); err != nil {
@@ -84,6 +85,7 @@ func TestFsyncKeepsCommittedBlocks(t *testing.T) {
 				if err := f.Sync(); err != nil {
 					t.Fatalf("fsync %d: %v", i, err)
 				}
+				committed += int64(len(all))
 				wantBlobAndMD5(t, inner, "log", all)
 				if i == rounds/2 {
 					// Metadata changes between fsyncs keep the
@@ -102,6 +104,10 @@ func TestFsyncKeepsCommittedBlocks(t *testing.T) {
 			t.Logf("%d bytes sent for a %d-byte file fsync'ed %d times", sent, len(all), rounds)
 			if sent > bound {
 				t.Fatalf("%d bytes sent, want at most %d", sent, bound)
+			}
+			// What a commit did not send it reused: the metric.
+			if reused := fsys.Stats().ReusedBytes; sent+reused != committed {
+				t.Fatalf("%d bytes sent and %d reused, want %d together", sent, reused, committed)
 			}
 		}
 	})

@@ -77,6 +77,9 @@ type FS struct {
 	writeBackPending atomic.Int64
 	writeBackSlots   chan struct{}
 	keptFiles        atomic.Int64
+	// reusedBytes counts the bytes commits named in the blob's committed
+	// block list instead of uploading them again (blockstream.go).
+	reusedBytes atomic.Int64
 	// filling: the file versions being fetched whole into the disk
 	// cache (fillDisk); guarded by mu.
 	filling            map[blockKey]bool
@@ -217,6 +220,9 @@ type Stats struct {
 	// ContentVerified: whole reads of blobs that matched their
 	// Content-MD5. ContentMismatches: those that did not, and failed.
 	ContentVerified, ContentMismatches int64
+	// ReusedBytes: bytes that commits did not upload again, the full
+	// blocks of the file's previous commit named in the new block list.
+	ReusedBytes int64
 }
 
 // Stats returns the mount's Stats now. It costs a stat of each open file's
@@ -249,6 +255,7 @@ func (fs *FS) Stats() Stats {
 	s.PassthroughOpens = fs.passthrough.opens.Load()
 	s.WriteBackBytes, s.KeptFiles = fs.writeBackPending.Load(), fs.keptFiles.Load()
 	s.ContentVerified, s.ContentMismatches = fs.sums.stats()
+	s.ReusedBytes = fs.reusedBytes.Load()
 	return s
 }
 

@@ -453,7 +453,9 @@ func (of *openFile) commit(ctx context.Context) error {
 		if err != nil {
 			of.fs.log.Debug("streamed commit failed; uploading the whole file", "path", path, "err", err)
 		}
-		streamed = err == nil
+		if streamed = err == nil; streamed {
+			of.fs.reusedBytes.Add(stream.reused)
+		}
 	} else if stream != nil {
 		stream.abandon()
 		err = errNoStream

@@ -186,11 +186,12 @@ var (
 	volKept       = prometheus.NewDesc("blobfs_volume_uploads_kept_total", "Files whose data could not be uploaded and was kept in the cache directory's lost+found.", []string{"volume"}, nil)
 	volVerified   = prometheus.NewDesc("blobfs_volume_content_verified_total", "Whole reads of blobs whose content matched their Content-MD5.", []string{"volume"}, nil)
 	volMismatch   = prometheus.NewDesc("blobfs_volume_content_mismatches_total", "Whole reads of blobs whose content did not match their Content-MD5; their reads failed with EIO.", []string{"volume"}, nil)
+	volReused     = prometheus.NewDesc("blobfs_volume_upload_reused_bytes_total", "Bytes that commits did not upload again: full blocks of the file's previous commit, named in the new block list (a file fsync'ed as it grows).", []string{"volume"}, nil)
 	volPassOpens  = prometheus.NewDesc("blobfs_volume_passthrough_opens_total", "Opens of files held whole in the disk cache that the kernel reads itself (FUSE passthrough).", []string{"volume"}, nil)
 )
 
 func (c volumeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{volDirtyFiles, volDirty, volUploading, volSpill, volCache, volInFlight, volHits, volMisses, volRead, volFetched, volDiskRead, volPassOpens, volWriteBack, volKept, volVerified, volMismatch} {
+	for _, d := range []*prometheus.Desc{volDirtyFiles, volDirty, volUploading, volSpill, volCache, volInFlight, volHits, volMisses, volRead, volFetched, volDiskRead, volPassOpens, volWriteBack, volKept, volVerified, volMismatch, volReused} {
 		ch <- d
 	}
 }
@@ -223,6 +224,7 @@ func (c volumeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(volKept, prometheus.CounterValue, float64(s.KeptFiles), v.name)
 		ch <- prometheus.MustNewConstMetric(volVerified, prometheus.CounterValue, float64(s.ContentVerified), v.name)
 		ch <- prometheus.MustNewConstMetric(volMismatch, prometheus.CounterValue, float64(s.ContentMismatches), v.name)
+		ch <- prometheus.MustNewConstMetric(volReused, prometheus.CounterValue, float64(s.ReusedBytes), v.name)
 	}
 }
 
