@@ -38,16 +38,21 @@ var errNoStream = errors.New("no usable block stream")
 // can commit it, so a block read while being overwritten is never used.
 //
 // Carrying on: a file committed through its stream keeps a stream after
-// the commit (carryOn), which starts with the full blocks just committed:
-// they stay in the blob's committed block list, and the next commit names
-// them instead of sending them again (blobstore.Store.CommitBlocks), with
-// the MD5 resumed from its state after them. A log fsync'ed every few
-// writes so sends each byte about once, not the whole file at every fsync.
-// The same rule as for staged blocks keeps this right: a write below next
-// abandons the stream, and the next commit uploads the whole file. The
-// commit is conditional on the ETag the last one made, so the blocks named
-// are that version's; where a store no longer has them the commit fails,
-// and the whole file is uploaded instead.
+// the commit (carryOn), which starts with the blocks just committed: they
+// stay in the blob's committed block list, and the next commit names them
+// instead of sending them again (blobstore.Store.CommitBlocks), with the
+// MD5 resumed from its state after them. The commit's tail, a block
+// shorter than the others, is kept as it is when it holds at least
+// bs/keptTailDivisor bytes; a shorter one is sent again with what follows
+// it. A log fsync'ed every few writes so sends each byte about once, not
+// the whole file at every fsync, and its block count stays within
+// Azure's limit (one block per bs/keptTailDivisor bytes at most; past
+// MaxBlocks the stream gives up and the file is uploaded whole). The same
+// rule as for staged blocks keeps this right: a write below next abandons
+// the stream, and the next commit uploads the whole file. The commit is
+// conditional on the ETag the last one made, so the blocks named are that
+// version's; where a store no longer has them the commit fails, and the
+// whole file is uploaded instead.
 //
 // Locking: the owning openFile's mu serialises stageFull and commit's
 // callers; mu here guards ids and err, written by the uploads.
@@ -56,7 +61,7 @@ type blockStream struct {
 	name  string // blob the blocks are staged for
 	nonce string
 	bs    int64
-	next  int64 // bytes handed to uploads so far (or committed), a multiple of bs
+	next  int64 // bytes handed to uploads so far, or kept from the last commit
 	// reused is the bytes of the blocks kept from the last commit.
 	reused int64
 
@@ -65,34 +70,62 @@ type blockStream struct {
 	// hash is the MD5 of the blocks in order, the blob's Content-MD5.
 	hash *streamHash
 
-	mu  sync.Mutex
-	ids []string // block ids from offset 0: kept from the last commit, then staged
-	err error
+	mu   sync.Mutex
+	ids  []string // block ids from offset 0: kept from the last commit, then staged
+	ends []int64  // where each block of ids ends
+	err  error
 }
 
+// keptTailDivisor: a commit's tail is kept as a block of its own when it
+// holds at least bs/keptTailDivisor bytes (see "Carrying on").
+const keptTailDivisor = 8
+
 func (fs *FS) newBlockStream(name string) *blockStream {
-	bs := fs.opts.UploadBlockSize
 	h := newStreamHash()
-	h.markEvery = bs
-	return &blockStream{fs: fs, name: name, nonce: blobstore.NewBlockNonce(), bs: bs, hash: h}
+	h.keepStates = true
+	return &blockStream{fs: fs, name: name, nonce: blobstore.NewBlockNonce(), bs: fs.opts.UploadBlockSize, hash: h}
+}
+
+// addIDLocked names the block that ends at end.
+func (st *blockStream) addIDLocked(end int64) string {
+	id := blobstore.BlockID(st.nonce, len(st.ids))
+	st.ids = append(st.ids, id)
+	st.ends = append(st.ends, end)
+	return id
 }
 
 // carryOn returns the stream that follows a successful commit of st's
-// size bytes: it starts after the full blocks committed, which its commit
-// names again (see "Carrying on" above). nil if the MD5's state there is
-// not known.
+// size bytes: it starts after the blocks committed, which its commit names
+// again, but for a short tail (see "Carrying on" above). nil if the MD5's
+// state there is not known.
 func (st *blockStream) carryOn(size int64) *blockStream {
-	keep := size / st.bs
-	h, ok := st.hash.resumeAt(keep * st.bs)
-	if !ok || keep > int64(len(st.ids)) {
+	keep := len(st.ids)
+	if keep == 0 || st.ends[keep-1] != size {
+		return nil
+	}
+	if start := blockStart(st.ends, keep-1); size-start < st.bs/keptTailDivisor {
+		keep--
+	}
+	next := blockStart(st.ends, keep)
+	h, ok := st.hash.resumeAt(next)
+	if !ok {
 		return nil
 	}
 	return &blockStream{
 		fs: st.fs, name: st.name, nonce: blobstore.NewBlockNonce(), bs: st.bs,
-		next: keep * st.bs, reused: keep * st.bs,
+		next: next, reused: next,
 		ids:  append([]string(nil), st.ids[:keep]...),
+		ends: append([]int64(nil), st.ends[:keep]...),
 		hash: h,
 	}
+}
+
+// blockStart returns where block i starts, given where each block ends.
+func blockStart(ends []int64, i int) int64 {
+	if i == 0 {
+		return 0
+	}
+	return ends[i-1]
 }
 
 // streamHash is the MD5 of blocks read in parallel and hashed in order:
@@ -108,11 +141,11 @@ type streamHash struct {
 	next   int64 // bytes hashed
 	broken bool  // a block was not read: there will be no sum
 
-	// markEvery, if set, makes the hash keep its state each time next
-	// is a multiple of it: markState, the state after markAt bytes.
-	markEvery int64
-	markAt    int64
-	markState []byte
+	// keepStates makes the hash keep its state after each of the last
+	// two blocks: states[i] is the state after at[i] bytes.
+	keepStates bool
+	at         [2]int64
+	states     [2][]byte
 }
 
 func newStreamHash() *streamHash {
@@ -127,18 +160,22 @@ func (s *streamHash) resumeAt(off int64) (*streamHash, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := newStreamHash()
-	r.markEvery = s.markEvery
+	r.keepStates = s.keepStates
 	if off == 0 {
 		return r, true
 	}
-	if s.broken || s.markState == nil || s.markAt != off {
-		return nil, false
+	for i, state := range s.states {
+		if s.broken || state == nil || s.at[i] != off {
+			continue
+		}
+		if r.h.(encoding.BinaryUnmarshaler).UnmarshalBinary(state) != nil {
+			return nil, false
+		}
+		r.next = off
+		r.at[1], r.states[1] = off, state // where the next carryOn may resume too
+		return r, true
 	}
-	if r.h.(encoding.BinaryUnmarshaler).UnmarshalBinary(s.markState) != nil {
-		return nil, false
-	}
-	r.next, r.markAt, r.markState = off, off, s.markState
-	return r, true
+	return nil, false
 }
 
 // add hashes the block at off once the bytes before it are hashed.
@@ -151,10 +188,10 @@ func (s *streamHash) add(off int64, p []byte) {
 	if !s.broken && s.next == off {
 		s.h.Write(p)
 		s.next += int64(len(p))
-		if s.markEvery > 0 && s.next%s.markEvery == 0 {
-			if state, err := s.h.(encoding.BinaryMarshaler).MarshalBinary(); err == nil {
-				s.markAt, s.markState = s.next, state
-			}
+		if s.keepStates {
+			state, _ := s.h.(encoding.BinaryMarshaler).MarshalBinary()
+			s.at[0], s.states[0] = s.at[1], s.states[1]
+			s.at[1], s.states[1] = s.next, state
 		}
 	} else {
 		s.broken = true
@@ -202,8 +239,7 @@ func (st *blockStream) stageBlocks(spill io.ReaderAt, size int64, wait bool) err
 			return nil
 		}
 		st.mu.Lock()
-		id := blobstore.BlockID(st.nonce, len(st.ids))
-		st.ids = append(st.ids, id)
+		id := st.addIDLocked(st.next + st.bs)
 		st.mu.Unlock()
 		off := st.next
 		st.next += st.bs
@@ -298,8 +334,7 @@ func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64
 	}
 	if tail := size - st.next; tail > 0 {
 		st.mu.Lock()
-		id := blobstore.BlockID(st.nonce, len(st.ids))
-		st.ids = append(st.ids, id)
+		id := st.addIDLocked(size)
 		st.mu.Unlock()
 		off := st.next
 		st.wg.Add(1)

@@ -15,10 +15,11 @@ import (
 )
 
 // sentCounter wraps a store and counts the bytes of content sent to it
-// (staged blocks and single Puts).
+// (staged blocks and single Puts), and the blocks of the last commit.
 type sentCounter struct {
 	blobstore.Store
-	sent atomic.Int64
+	sent       atomic.Int64
+	lastBlocks atomic.Int64 // blocks named by the last CommitBlocks
 }
 
 func newSentCounter(inner blobstore.Store) *sentCounter {
@@ -26,6 +27,9 @@ func newSentCounter(inner blobstore.Store) *sentCounter {
 	c.Store = blobstore.NewObserved(inner, func(_ context.Context, call *blobstore.Call) {
 		if call.Err == nil && (call.Op == blobstore.OpStageBlock || call.Op == blobstore.OpPut) {
 			c.sent.Add(int64(call.Len))
+		}
+		if call.Err == nil && call.Op == blobstore.OpCommitBlocks {
+			c.lastBlocks.Store(int64(call.Blocks))
 		}
 	})
 	return c
@@ -60,57 +64,80 @@ func wantBlobAndMD5(t *testing.T, s blobstore.Store, name string, want []byte) {
 }
 
 // TestFsyncKeepsCommittedBlocks: a file appended to and fsync'ed over and
-// over (a log) sends each byte about once: every commit names the full
-// blocks of the one before instead of uploading the whole file again.
-// Before, 20 fsyncs of a file growing by 100 KiB sent 21 MB for 2 MB.
+// over (a log) sends each byte about once: every commit names the blocks
+// of the one before instead of uploading the whole file again, and only a
+// tail shorter than bs/keptTailDivisor goes again. Before, 20 fsyncs of a
+// file growing by 100 KiB sent 21 MB for 2 MB.
 func TestFsyncKeepsCommittedBlocks(t *testing.T) {
-	const bs, step, rounds = 64 << 10, 100 << 10, 20
-	forCarryOnStores(t, func(t *testing.T, inner blobstore.Store) {
-		{
-			store := newSentCounter(inner)
-			mnt, fsys := mountStore(t, store, Options{UploadBlockSize: bs})
-			f, err := os.Create(join(mnt, "log"))
-			if err != nil {
+	const bs = 64 << 10
+	for _, c := range []struct {
+		name        string
+		step, steps int
+	}{
+		{"100 KiB steps", 100 << 10, 20},
+		// Short tails go again with what follows, rather than each
+		// becoming a block: the block count stays bounded.
+		{"1000-byte steps", 1000, 300},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			forCarryOnStores(t, func(t *testing.T, inner blobstore.Store) {
+				checkFsyncKeepsBlocks(t, inner, bs, c.step, c.steps)
+			})
+		})
+	}
+}
+
+func checkFsyncKeepsBlocks(t *testing.T, inner blobstore.Store, bs int64, step, steps int) {
+	store := newSentCounter(inner)
+	mnt, fsys := mountStore(t, store, Options{UploadBlockSize: bs})
+	f, err := os.Create(join(mnt, "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var all []byte
+	var committed int64 // the sizes of every commit, summed
+	for i := range steps {
+		chunk := pattern(step, byte(i))
+		if _, err := f.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, chunk...)
+		if err := f.Sync(); err != nil {
+			t.Fatalf("fsync %d: %v", i, err)
+		}
+		committed += int64(len(all))
+		if i%10 == 0 || i == steps-1 {
+			wantBlobAndMD5(t, inner, "log", all)
+		}
+		if i == steps/2 {
+			// Metadata changes between fsyncs keep the blocks (a
+			// new ETag, the same block list).
+			if err := f.Chmod(0o600); err != nil {
 				t.Fatal(err)
-			}
-			defer f.Close()
-			var all []byte
-			var committed int64 // the sizes of every commit, summed
-			for i := range rounds {
-				chunk := pattern(step, byte(i))
-				if _, err := f.Write(chunk); err != nil {
-					t.Fatal(err)
-				}
-				all = append(all, chunk...)
-				if err := f.Sync(); err != nil {
-					t.Fatalf("fsync %d: %v", i, err)
-				}
-				committed += int64(len(all))
-				wantBlobAndMD5(t, inner, "log", all)
-				if i == rounds/2 {
-					// Metadata changes between fsyncs keep the
-					// blocks (a new ETag, the same block list).
-					if err := f.Chmod(0o600); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			if err := f.Close(); err != nil {
-				t.Fatal(err)
-			}
-			// Each commit sends what is new and at most one partial
-			// block again.
-			sent, bound := store.sent.Load(), int64(len(all)+rounds*bs)
-			t.Logf("%d bytes sent for a %d-byte file fsync'ed %d times", sent, len(all), rounds)
-			if sent > bound {
-				t.Fatalf("%d bytes sent, want at most %d", sent, bound)
-			}
-			// What a commit did not send it reused: the metric.
-			if reused := fsys.Stats().ReusedBytes; sent+reused != committed {
-				t.Fatalf("%d bytes sent and %d reused, want %d together", sent, reused, committed)
 			}
 		}
-	})
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Each commit sends what is new and at most a short tail again;
+	// while the file is shorter than a block, its commits are one Put of
+	// the whole file.
+	sent := store.sent.Load()
+	bound := int64(len(all)) + int64(steps)*bs/keptTailDivisor + min(int64(steps), bs/int64(step)+1)*bs
+	t.Logf("%d bytes sent for a %d-byte file fsync'ed %d times; last commit of %d blocks", sent, len(all), steps, store.lastBlocks.Load())
+	if sent > bound {
+		t.Fatalf("%d bytes sent, want at most %d", sent, bound)
+	}
+	// One block per bs/keptTailDivisor bytes at most, and a tail.
+	if blocks, most := store.lastBlocks.Load(), int64(len(all))/(bs/keptTailDivisor)+2; blocks > most {
+		t.Fatalf("the last commit named %d blocks, want at most %d", blocks, most)
+	}
+	// What a commit did not send it reused: the metric.
+	if reused := fsys.Stats().ReusedBytes; sent+reused != committed {
+		t.Fatalf("%d bytes sent and %d reused, want %d together", sent, reused, committed)
+	}
 }
 
 // TestCarryOnMatchesModel: random appends, overwrites (which abandon the
