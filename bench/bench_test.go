@@ -153,7 +153,7 @@ func TestParseFigures(t *testing.T) {
 		{in: "memory,seq-read", want: []string{FigSeqRead, FigMemory}},
 		{in: "small, fuse", want: []string{FigSmallCreate, FigSmallList, FigSmallRead, FigFUSE}},
 		{in: "seq,seq-read", want: []string{FigSeqRead, FigSeqWrite}},
-		{in: "local", want: []string{FigFaultyRead, FigFaultyWrite, FigFaultyCreate, FigFUSE, FigMemory, FigMemoryMounts}},
+		{in: "local", want: []string{FigFaultyRead, FigFaultyWrite, FigFaultyCreate, FigFaultyLog, FigFUSE, FigMemory, FigMemoryMounts}},
 		{in: "seq-reed", wantErr: true},
 		{in: " , ", wantErr: true},
 	} {

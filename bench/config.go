@@ -33,6 +33,8 @@ const (
 	FigFaultyWrite    = "faulty-write"
 	// FigFaultyCreate: small-create's target, at a real store's latency.
 	FigFaultyCreate = "faulty-create"
+	// FigFaultyLog: a file appended to and fsync'ed as it grows.
+	FigFaultyLog = "faulty-log"
 	FigFUSE         = "fuse"
 	FigMemory       = "memory"
 	// FigMemoryMounts: many mounts of one process under its budget.
@@ -42,7 +44,7 @@ const (
 // FigureIDs returns every figure id in run order.
 func FigureIDs() []string {
 	return []string{FigSeqRead, FigSeqReadWarm, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead,
-		FigRandRead, FigRandReadWarm, FigSeqReadCached, FigWriteBack, FigWriteBackSmall, FigFaultyRead, FigFaultyWrite, FigFaultyCreate, FigFUSE, FigMemory, FigMemoryMounts}
+		FigRandRead, FigRandReadWarm, FigSeqReadCached, FigWriteBack, FigWriteBackSmall, FigFaultyRead, FigFaultyWrite, FigFaultyCreate, FigFaultyLog, FigFUSE, FigMemory, FigMemoryMounts}
 }
 
 // optInFigures run only when named. seq-read-warm uploads two more files of
@@ -75,11 +77,11 @@ var figureGroups = map[string][]string{
 	"small":      {FigSmallCreate, FigSmallList, FigSmallRead},
 	"random":     {FigRandRead, FigRandReadWarm, FigSeqReadCached},
 	"write-back": {FigWriteBack, FigWriteBackSmall},
-	"faulty":     {FigFaultyRead, FigFaultyWrite, FigFaultyCreate},
+	"faulty":     {FigFaultyRead, FigFaultyWrite, FigFaultyCreate, FigFaultyLog},
 	// azurite: the default figures that need Azurite.
 	"azurite": {FigSeqRead, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead},
 	// local: every figure that runs without Azurite.
-	"local": {FigFaultyRead, FigFaultyWrite, FigFaultyCreate, FigFUSE, FigMemory, FigMemoryMounts},
+	"local": {FigFaultyRead, FigFaultyWrite, FigFaultyCreate, FigFaultyLog, FigFUSE, FigMemory, FigMemoryMounts},
 }
 
 // ParseFigures turns a comma-separated list of figure ids and group names

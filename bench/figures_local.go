@@ -6,6 +6,7 @@ package bench
 
 import (
 	"context"
+	"crypto/md5"
 	"fmt"
 	"io"
 	"os"
@@ -458,4 +459,102 @@ func (r *runner) faultyCreate(ctx context.Context) Row {
 		return row
 	}
 	return r.fill(row, out, rate(n), "direct ")
+}
+
+// logWrite and logFsyncEvery shape faulty-log: the size of each append,
+// and how much is appended between two fsyncs.
+const (
+	logWrite      = 64 << 10
+	logFsyncEvery = 2 * MiB
+)
+
+// faultyLog: append half of Config.FaultySize through blobfs over the
+// fake in logWrite writes, fsync every logFsyncEvery and close, against
+// the best a client of the store can do at the same points of
+// durability: stage what was written since the last one as one block and
+// commit the list, naming the blocks committed before. Before blobfs kept
+// committed blocks (blockstream.go's "Carrying on"), each fsync uploaded
+// the whole file again.
+func (r *runner) faultyLog(ctx context.Context) Row {
+	size := r.cfg.FaultySize / 2
+	row := Row{ID: FigFaultyLog, Figure: fmt.Sprintf("append %s in %s writes, fsync every %s, until durable (%s)", human(size), human(logWrite), human(logFsyncEvery), r.faultyLabel()), Unit: UnitMBps, Target: Target{Min: 0.9}}
+	data := randomBytes(size, 7)
+	mem, store := r.faultyStore()
+	check := func(ctx context.Context, name string) error {
+		defer mem.Delete(context.Background(), name, blobstore.Conditions{})
+		got := make([]byte, size)
+		if n, err := mem.ReadAt(ctx, name, got, 0, ""); int64(n) != size || err != nil && err != io.EOF {
+			return fmt.Errorf("%s: read %d bytes: %v", name, n, err)
+		}
+		return verify(got, data)
+	}
+	var name string
+	baseline := strategy{
+		name:    "StageBlock of each fsync's bytes + commit",
+		prepare: func() error { name = fmt.Sprintf("direct-%d.log", r.unique()); return nil },
+		run: func(ctx context.Context) error {
+			nonce, h := blobstore.NewBlockNonce(), md5.New()
+			var ids []string
+			for off := int64(0); off < size; off += logFsyncEvery {
+				part := data[off:min(off+logFsyncEvery, size)]
+				id := blobstore.BlockID(nonce, len(ids))
+				if err := store.StageBlock(ctx, name, id, part); err != nil {
+					return err
+				}
+				ids = append(ids, id)
+				h.Write(part)
+				if _, err := store.CommitBlocks(ctx, name, ids, blobstore.PutOptions{ContentMD5: h.Sum(nil)}); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		check: func(ctx context.Context) error { return check(ctx, name) },
+	}
+	contenders := []side{{name: blobfsName, run: func(ctx context.Context) (time.Duration, error) {
+		name := fmt.Sprintf("blobfs-%d.log", r.unique())
+		return r.withInProcess(store, func(mnt string) (time.Duration, error) {
+			r.settle()
+			before := mem.Requests()
+			start := time.Now()
+			if err := appendAndFsync(filepath.Join(mnt, name), data, logWrite, logFsyncEvery); err != nil {
+				return 0, err
+			}
+			d := time.Since(start)
+			used := mem.Requests()
+			for op, k := range before {
+				used[op] -= k
+			}
+			r.detail("%-13s blobfs's store requests for %d fsyncs: %v", FigFaultyLog, (size+logFsyncEvery-1)/logFsyncEvery, used)
+			return d, check(ctx, name)
+		})
+	}}}
+	out, err := r.compare(ctx, row.ID, "direct", mbps(size), []strategy{baseline}, contenders)
+	if err != nil {
+		row.Err = err
+		return row
+	}
+	return r.fill(row, out, throughput(size), "direct ")
+}
+
+// appendAndFsync writes data to a new file at path in writes of chunk
+// bytes, fsyncs it after every every bytes, and closes it.
+func appendAndFsync(path string, data []byte, chunk, every int) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	for off := 0; off < len(data); off += chunk {
+		if _, err := f.Write(data[off:min(off+chunk, len(data))]); err != nil {
+			f.Close()
+			return err
+		}
+		if end := off + chunk; end%every == 0 || end >= len(data) {
+			if err := f.Sync(); err != nil {
+				f.Close()
+				return err
+			}
+		}
+	}
+	return f.Close()
 }

@@ -145,6 +145,8 @@ func (r *runner) figure(ctx context.Context, fig string) Row {
 		return r.faultyWrite(ctx)
 	case FigFaultyCreate:
 		return r.faultyCreate(ctx)
+	case FigFaultyLog:
+		return r.faultyLog(ctx)
 	case FigFUSE:
 		return r.fuseOverhead(ctx)
 	case FigMemory:

@@ -268,8 +268,16 @@ func (st *blockStream) stage(ctx context.Context, id string, spill io.ReaderAt, 
 		err = io.ErrUnexpectedEOF
 	}
 	if err == nil {
-		st.hash.add(off, buf)
+		// Hashed while it is sent: the hash waits for the blocks
+		// before this one, the request need not, and a commit's tail
+		// (every fsync of a log) does not wait for its hash first.
+		hashed := make(chan struct{})
+		go func() {
+			st.hash.add(off, buf)
+			close(hashed)
+		}()
 		err = st.fs.store.StageBlock(ctx, st.name, id, buf)
+		<-hashed // buf goes back to the pool after this
 	} else {
 		st.hash.fail()
 	}
