@@ -35,8 +35,8 @@ const (
 	FigFaultyCreate = "faulty-create"
 	// FigFaultyLog: a file appended to and fsync'ed as it grows.
 	FigFaultyLog = "faulty-log"
-	FigFUSE         = "fuse"
-	FigMemory       = "memory"
+	FigFUSE      = "fuse"
+	FigMemory    = "memory"
 	// FigMemoryMounts: many mounts of one process under its budget.
 	FigMemoryMounts = "memory-mounts"
 )
