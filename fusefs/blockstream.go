@@ -64,6 +64,12 @@ type blockStream struct {
 	next  int64 // bytes handed to uploads so far, or kept from the last commit
 	// reused is the bytes of the blocks kept from the last commit.
 	reused int64
+	// progress, if set, is told of each block staged.
+	progress *uploadProgress
+	// keepPages: staged blocks' pages stay in the page cache (a whole
+	// file uploaded at its commit: it is all there already, and dropping
+	// it would cost a disk write of pages its reuse would just discard).
+	keepPages bool
 
 	wg sync.WaitGroup
 
@@ -248,7 +254,7 @@ func (st *blockStream) stageBlocks(spill io.ReaderAt, size int64, wait bool) err
 			staged := st.stage(st.fs.ctx, id, spill, buf[:st.bs], off)
 			st.fs.giveUploadBuf(buf)
 			st.wg.Done()
-			if f, ok := spill.(*os.File); ok && staged {
+			if f, ok := spill.(*os.File); ok && staged && !st.keepPages {
 				// After Done: the commit need not wait for the disk.
 				releaseStagedPages(f, off, st.bs)
 			}
@@ -278,6 +284,9 @@ func (st *blockStream) stage(ctx context.Context, id string, spill io.ReaderAt, 
 		}()
 		err = st.fs.store.StageBlock(ctx, st.name, id, buf)
 		<-hashed // buf goes back to the pool after this
+		if err == nil && st.progress != nil {
+			st.progress.add(int64(len(buf)))
+		}
 	} else {
 		st.hash.fail()
 	}

@@ -231,3 +231,44 @@ func TestCarryOnAfterReplace(t *testing.T) {
 		}
 	})
 }
+
+// TestFsyncAfterReopenKeepsBlocks: a log that already has content in the
+// store, opened again for appending, is uploaded whole at its first fsync
+// (blobfs does not know the blob's blocks), and carries on from there.
+// Before, every fsync uploaded the whole file again.
+func TestFsyncAfterReopenKeepsBlocks(t *testing.T) {
+	const bs, step, steps = 64 << 10, 50 << 10, 10
+	forCarryOnStores(t, func(t *testing.T, inner blobstore.Store) {
+		store := newSentCounter(inner)
+		all := pattern(10*bs+123, 7)
+		putBlob(t, inner, "old.log", all, nil)
+		mnt, fsys := mountStore(t, store, Options{UploadBlockSize: bs})
+		f, err := os.OpenFile(join(mnt, "old.log"), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		for i := range steps {
+			chunk := pattern(step, byte(i))
+			if _, err := f.Write(chunk); err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, chunk...)
+			if err := f.Sync(); err != nil {
+				t.Fatalf("fsync %d: %v", i, err)
+			}
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		wantBlobAndMD5(t, inner, "old.log", all)
+		// The first fsync sends the file as it then was; the others
+		// what is new and at most a short tail each.
+		first := int64(10*bs + 123 + step)
+		sent, bound := store.sent.Load(), first+int64((steps-1)*step)+int64(steps)*bs/keptTailDivisor
+		t.Logf("%d bytes sent for %d appended to a %d-byte blob, %d fsyncs; %d reused", sent, steps*step, 10*bs+123, steps, fsys.Stats().ReusedBytes)
+		if sent > bound {
+			t.Fatalf("%d bytes sent, want at most %d", sent, bound)
+		}
+	})
+}

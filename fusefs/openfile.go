@@ -462,7 +462,16 @@ func (of *openFile) commit(ctx context.Context) error {
 	} else {
 		err = errNoStream
 	}
-	if err != nil {
+	if err != nil && size > of.fs.opts.UploadBlockSize && size/of.fs.opts.UploadBlockSize < blobstore.MaxBlocks-2 {
+		// The whole file, through a stream of its own, so that the
+		// commit after this one can keep its blocks: a log reopened
+		// for appending, or written out of order once, is then not
+		// uploaded whole at every fsync.
+		stream = of.fs.newBlockStream(path)
+		stream.keepPages = true
+		attrs, err = of.uploadStream(ctx, stream, path, f, size, opts)
+		streamed = err == nil
+	} else if err != nil {
 		attrs, err = of.upload(ctx, path, f, size, opts)
 	}
 	if err != nil && ctx.Err() == nil {
@@ -514,6 +523,16 @@ func (of *openFile) upload(ctx context.Context, path string, f *os.File, size in
 		Progress:    p.add,
 		Buffers:     uploadBuffers{of.fs},
 	})
+	p.finish(err)
+	return a, err
+}
+
+// uploadStream writes the whole spill file as the blob through st, a
+// fresh stream: upload's work, in blocks a later commit can keep.
+func (of *openFile) uploadStream(ctx context.Context, st *blockStream, path string, f *os.File, size int64, opts blobstore.PutOptions) (blobstore.Attrs, error) {
+	p := of.fs.startProgress(path, size)
+	st.progress = p
+	a, err := st.commit(ctx, f, size, opts)
 	p.finish(err)
 	return a, err
 }
