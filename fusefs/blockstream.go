@@ -228,16 +228,19 @@ func (s *streamHash) sum(size int64) []byte {
 // out. With write-back, a writer does not wait for a slot: the blocks no
 // slot took now go later, or with the commit.
 func (st *blockStream) stageFull(spill io.ReaderAt, size int64) error {
-	return st.stageBlocks(spill, size, !st.fs.opts.WriteBack)
+	return st.stageBlocks(st.fs.ctx, spill, size, !st.fs.opts.WriteBack)
 }
 
 // stageBlocks is stageFull; wait says whether to wait for a free slot.
-func (st *blockStream) stageBlocks(spill io.ReaderAt, size int64, wait bool) error {
+// The uploads run under ctx: the mount's for blocks a WRITE hands out
+// (the write does not wait for them), the commit's for those it stages
+// itself, so that a commit given up on stops sending them.
+func (st *blockStream) stageBlocks(ctx context.Context, spill io.ReaderAt, size int64, wait bool) error {
 	for size-st.next >= st.bs {
 		if len(st.ids) >= blobstore.MaxBlocks-1 {
 			return errors.New("too many blocks for streaming")
 		}
-		buf, ok, err := st.fs.takeUploadBuf(st.fs.ctx, st.bs, wait)
+		buf, ok, err := st.fs.takeUploadBuf(ctx, st.bs, wait)
 		if err != nil {
 			return err
 		}
@@ -251,7 +254,7 @@ func (st *blockStream) stageBlocks(spill io.ReaderAt, size int64, wait bool) err
 		st.next += st.bs
 		st.wg.Add(1)
 		go func() {
-			staged := st.stage(st.fs.ctx, id, spill, buf[:st.bs], off)
+			staged := st.stage(ctx, id, spill, buf[:st.bs], off)
 			st.fs.giveUploadBuf(buf)
 			st.wg.Done()
 			if f, ok := spill.(*os.File); ok && staged && !st.keepPages {
@@ -346,7 +349,7 @@ func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64
 	}
 	// Full blocks that no slot took while the file was written
 	// (write-back writers do not wait).
-	if err := st.stageBlocks(spill, size, true); err != nil {
+	if err := st.stageBlocks(ctx, spill, size, true); err != nil {
 		return blobstore.Attrs{}, err
 	}
 	if tail := size - st.next; tail > 0 {

@@ -499,7 +499,7 @@ func (of *openFile) commit(ctx context.Context) error {
 	of.committedGen = gen
 	if streamed && of.gen == gen && of.spill == f && of.stream == nil {
 		// Nothing changed during the upload: the next commit can keep
-		// the full blocks of this one.
+		// the blocks of this one.
 		of.stream = stream.carryOn(size)
 	}
 	of.baseETag = attrs.ETag
