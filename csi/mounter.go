@@ -323,6 +323,15 @@ func (m *BlobfsMounter) UnmountVolume(ctx context.Context, mp *MountPoint) error
 	}
 	dev, devErr := mountDevice(mp)
 	err := mp.unmount(0)
+	// A file closed just before is still open for the kernel until
+	// blobfs has answered its RELEASE, which the kernel sends after close
+	// returns: a short wait tells that apart from a process holding a
+	// file, which a lazy unmount would leave this path served (and a
+	// mount again for another group refused) until it lets go.
+	for deadline := time.Now().Add(unmountBusyWait); errors.Is(err, unix.EBUSY) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		err = mp.unmount(0)
+	}
 	switch {
 	case errors.Is(err, unix.EBUSY):
 		// A process still has a file open: detach now, serve it until it
@@ -371,6 +380,10 @@ func (m *BlobfsMounter) UnmountVolume(ctx context.Context, mp *MountPoint) error
 		return fmt.Errorf("unmount %s: waiting for the filesystem to finish: %w", target, ctx.Err())
 	}
 }
+
+// unmountBusyWait is how long UnmountVolume tries again a mount that is
+// busy before it detaches it.
+const unmountBusyWait = time.Second
 
 // unmountWait is how long UnmountVolume waits for a session to end before
 // it looks for other mounts of the filesystem that keep it alive.
