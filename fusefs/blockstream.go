@@ -80,6 +80,9 @@ type blockStream struct {
 	ids  []string // block ids from offset 0: kept from the last commit, then staged
 	ends []int64  // where each block of ids ends
 	err  error
+	// abort, during a commit, cancels the blocks it stages itself: the
+	// first failure stops the others, as blobstore.Upload does.
+	abort context.CancelFunc
 }
 
 // keptTailDivisor: a commit's tail is kept as a block of its own when it
@@ -240,6 +243,9 @@ func (st *blockStream) stageBlocks(ctx context.Context, spill io.ReaderAt, size 
 		if len(st.ids) >= blobstore.MaxBlocks-1 {
 			return errors.New("too many blocks for streaming")
 		}
+		if err := st.failure(ctx); err != nil {
+			return err // stop handing out blocks of a failed commit
+		}
 		buf, ok, err := st.fs.takeUploadBuf(ctx, st.bs, wait)
 		if err != nil {
 			return err
@@ -298,9 +304,22 @@ func (st *blockStream) stage(ctx context.Context, id string, spill io.ReaderAt, 
 		if st.err == nil {
 			st.err = err
 		}
+		if st.abort != nil {
+			st.abort()
+		}
 		st.mu.Unlock()
 	}
 	return err == nil
+}
+
+// failure returns the stream's first failure, or ctx's end.
+func (st *blockStream) failure(ctx context.Context) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.err != nil {
+		return st.err
+	}
+	return ctx.Err()
 }
 
 // releaseStagedPages writes the spill file's pages of a staged block to
@@ -347,12 +366,20 @@ func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64
 	if size < st.next {
 		return blobstore.Attrs{}, errNoStream
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st.mu.Lock()
+	st.abort = cancel
+	st.mu.Unlock()
 	// Full blocks that no slot took while the file was written
 	// (write-back writers do not wait).
 	if err := st.stageBlocks(ctx, spill, size, true); err != nil {
 		return blobstore.Attrs{}, err
 	}
 	if tail := size - st.next; tail > 0 {
+		if len(st.ids) >= blobstore.MaxBlocks {
+			return blobstore.Attrs{}, errors.New("too many blocks for streaming")
+		}
 		st.mu.Lock()
 		id := st.addIDLocked(size)
 		st.mu.Unlock()
