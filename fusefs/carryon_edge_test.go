@@ -303,60 +303,13 @@ func (s *loseSomeCommits) CommitBlocks(ctx context.Context, name string, ids []s
 	return a, err
 }
 
+// TestCarryOnModelFaultyAndLost: the model test on the faulty backend, and
+// with a store that loses the answers of some commits after they landed.
 func TestCarryOnModelFaultyAndLost(t *testing.T) {
-	const bs = 64 << 10
 	for _, seed := range []uint64{1, 2, 3, 4} {
-		for _, lose := range []bool{false, true} {
-			var store blobstore.Store = storetest.Faulty(t)
-			if lose {
-				store = &loseSomeCommits{Store: blobstore.NewMemory()}
-			}
-			mnt, _ := mountStore(t, store, Options{UploadBlockSize: bs})
-			f, err := os.OpenFile(join(mnt, "model"), os.O_RDWR|os.O_CREATE, 0o644)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rng := rand.New(rand.NewPCG(seed, 2))
-			var model []byte
-			for i := range 150 {
-				switch op := rng.IntN(10); {
-				case op < 5:
-					chunk := rnd(rng.IntN(3*bs), uint64(i)*seed)
-					if _, err := f.WriteAt(chunk, int64(len(model))); err != nil {
-						t.Fatal(err)
-					}
-					model = append(model, chunk...)
-				case op < 6 && len(model) > 0:
-					off := rng.IntN(len(model))
-					chunk := rnd(min(rng.IntN(bs), len(model)-off), uint64(i)+1000)
-					if _, err := f.WriteAt(chunk, int64(off)); err != nil {
-						t.Fatal(err)
-					}
-					copy(model[off:], chunk)
-				case op < 7:
-					size := rng.IntN(len(model) + bs + 1)
-					if err := f.Truncate(int64(size)); err != nil {
-						t.Fatal(err)
-					}
-					if size <= len(model) {
-						model = model[:size]
-					} else {
-						model = append(model, make([]byte, size-len(model))...)
-					}
-				default:
-					if err := f.Sync(); err != nil {
-						t.Fatalf("seed %d lose %v op %d: fsync: %v", seed, lose, i, err)
-					}
-					inner := store
-					if l, ok := store.(*loseSomeCommits); ok {
-						inner = l.Store
-					}
-					wantBlobAndMD5(t, inner, "model", model)
-				}
-			}
-			if err := f.Close(); err != nil {
-				t.Fatal(err)
-			}
-		}
+		faulty := storetest.Faulty(t)
+		checkCarryOnModel(t, faulty, faulty, seed)
+		inner := blobstore.NewMemory()
+		checkCarryOnModel(t, &loseSomeCommits{Store: inner}, inner, seed)
 	}
 }

@@ -144,55 +144,59 @@ func checkFsyncKeepsBlocks(t *testing.T, inner blobstore.Store, bs int64, step, 
 // kept blocks), truncates and fsyncs through one handle; after every fsync
 // the blob is the file as written and its Content-MD5 matches.
 func TestCarryOnMatchesModel(t *testing.T) {
-	const bs = 64 << 10
 	forCarryOnStores(t, func(t *testing.T, store blobstore.Store) {
-		{
-			mnt, _ := mountStore(t, store, Options{UploadBlockSize: bs})
-			f, err := os.OpenFile(join(mnt, "model"), os.O_RDWR|os.O_CREATE, 0o644)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			rng := rand.New(rand.NewPCG(1, 2))
-			var model []byte
-			for i := range 150 {
-				switch op := rng.IntN(10); {
-				case op < 5: // append
-					chunk := pattern(rng.IntN(3*bs), byte(i))
-					if _, err := f.WriteAt(chunk, int64(len(model))); err != nil {
-						t.Fatal(err)
-					}
-					model = append(model, chunk...)
-				case op < 6 && len(model) > 0: // overwrite inside
-					off := rng.IntN(len(model))
-					chunk := pattern(min(rng.IntN(bs), len(model)-off), byte(i)+100)
-					if _, err := f.WriteAt(chunk, int64(off)); err != nil {
-						t.Fatal(err)
-					}
-					copy(model[off:], chunk)
-				case op < 7: // truncate, shorter or longer
-					size := rng.IntN(len(model) + bs + 1)
-					if err := f.Truncate(int64(size)); err != nil {
-						t.Fatal(err)
-					}
-					if size <= len(model) {
-						model = model[:size]
-					} else {
-						model = append(model, make([]byte, size-len(model))...)
-					}
-				default:
-					if err := f.Sync(); err != nil {
-						t.Fatalf("op %d: fsync: %v", i, err)
-					}
-					wantBlobAndMD5(t, store, "model", model)
-				}
-			}
-			if err := f.Close(); err != nil {
-				t.Fatal(err)
-			}
-			wantBlobAndMD5(t, store, "model", model)
-		}
+		checkCarryOnModel(t, store, store, 1)
 	})
+}
+
+// checkCarryOnModel runs 150 random operations through a mount of store
+// (a wrapper of inner, or inner) and checks inner after each fsync.
+func checkCarryOnModel(t *testing.T, store, inner blobstore.Store, seed uint64) {
+	const bs = 64 << 10
+	mnt, _ := mountStore(t, store, Options{UploadBlockSize: bs})
+	f, err := os.OpenFile(join(mnt, "model"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rng := rand.New(rand.NewPCG(seed, 2))
+	var model []byte
+	for i := range 150 {
+		switch op := rng.IntN(10); {
+		case op < 5: // append
+			chunk := pattern(rng.IntN(3*bs), byte(i))
+			if _, err := f.WriteAt(chunk, int64(len(model))); err != nil {
+				t.Fatal(err)
+			}
+			model = append(model, chunk...)
+		case op < 6 && len(model) > 0: // overwrite inside
+			off := rng.IntN(len(model))
+			chunk := pattern(min(rng.IntN(bs), len(model)-off), byte(i)+100)
+			if _, err := f.WriteAt(chunk, int64(off)); err != nil {
+				t.Fatal(err)
+			}
+			copy(model[off:], chunk)
+		case op < 7: // truncate, shorter or longer
+			size := rng.IntN(len(model) + bs + 1)
+			if err := f.Truncate(int64(size)); err != nil {
+				t.Fatal(err)
+			}
+			if size <= len(model) {
+				model = model[:size]
+			} else {
+				model = append(model, make([]byte, size-len(model))...)
+			}
+		default:
+			if err := f.Sync(); err != nil {
+				t.Fatalf("seed %d, op %d: fsync: %v", seed, i, err)
+			}
+			wantBlobAndMD5(t, inner, "model", model)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wantBlobAndMD5(t, inner, "model", model)
 }
 
 // TestCarryOnAfterReplace: a blob replaced by another writer between two
