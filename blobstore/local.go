@@ -732,6 +732,7 @@ func (l *Local) Put(ctx context.Context, name string, data []byte, opts PutOptio
 	if err := l.publish(ctx, name, f.Name(), opts.Conditions); err != nil {
 		return Attrs{}, err
 	}
+	l.dropList(name)
 	return m.attrs(name, int64(len(data))), nil
 }
 
@@ -1080,6 +1081,13 @@ func (l *Local) writeList(name string, list committedList) {
 	}
 }
 
+// dropList removes name's committed block list, if any: a blob written
+// by Put or Copy has none (a stale list would only be ignored, but it
+// would stay on disk until the blob's Delete).
+func (l *Local) dropList(name string) {
+	_ = os.Remove(l.listOf(name))
+}
+
 // readList returns name's committed block list, if it has a readable one
 // (not necessarily of its current version).
 func (l *Local) readList(name string) (committedList, bool) {
@@ -1313,7 +1321,7 @@ func (l *Local) Delete(ctx context.Context, name string, cond Conditions) error 
 		return fmt.Errorf("local store: delete %q: %w", name, mapOSError(err))
 	}
 	trash = l.dropBlocksLocked(name)
-	_ = os.Remove(l.listOf(name))
+	l.dropList(name)
 	dirty = l.prune(filepath.Dir(path))
 	return nil
 }
@@ -1370,6 +1378,7 @@ func (l *Local) Copy(ctx context.Context, dst, src string) (Attrs, error) {
 	if err := l.publish(ctx, dst, f.Name(), Conditions{}); err != nil {
 		return Attrs{}, err
 	}
+	l.dropList(dst)
 	return m.attrs(dst, size), nil
 }
 

@@ -622,3 +622,45 @@ func TestLocalOpenWalk(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalCommittedListLifetime: a commit of blocks leaves the blob's
+// committed block list beside it; a Put, a Copy onto it and a Delete take
+// it away, so that lists do not pile up for blobs that have none.
+func TestLocalCommittedListLifetime(t *testing.T) {
+	ctx := t.Context()
+	l := newLocal(t)
+	id := BlockID("n", 0)
+	commit := func(name string) {
+		t.Helper()
+		if err := l.StageBlock(ctx, name, id, []byte("block")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.CommitBlocks(ctx, name, []string{id}, PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := l.readList(name); !ok {
+			t.Fatalf("%s: no committed list after a commit", name)
+		}
+	}
+	gone := func(what, name string) {
+		t.Helper()
+		if _, err := os.Stat(l.listOf(name)); !os.IsNotExist(err) {
+			t.Fatalf("%s: the committed list of %s is still there (%v)", what, name, err)
+		}
+	}
+	commit("p")
+	if _, err := l.Put(ctx, "p", []byte("put"), PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gone("Put", "p")
+	commit("c")
+	if _, err := l.Copy(ctx, "c", "p"); err != nil {
+		t.Fatal(err)
+	}
+	gone("Copy", "c")
+	commit("d")
+	if err := l.Delete(ctx, "d", Conditions{}); err != nil {
+		t.Fatal(err)
+	}
+	gone("Delete", "d")
+}
