@@ -261,11 +261,19 @@ func (a *Azure) StageBlock(ctx context.Context, name, blockID string, data []byt
 	if err := validateBlockID(blockID); err != nil {
 		return err
 	}
+	check := contentMD5
+	if sum, ok := BlockMD5(ctx, data); ok {
+		check = func([]byte) blob.TransferValidationType { return blob.TransferValidationTypeMD5(sum) }
+	}
 	_, err := a.client.NewBlockBlobClient(name).StageBlock(ctx, blockID, streaming.NopCloser(bytes.NewReader(data)), &blockblob.StageBlockOptions{
-		TransactionalValidation: contentMD5(data),
+		TransactionalValidation: check(data),
 	})
 	return mapAzureError(ctx, OpStageBlock, name, Conditions{}, err)
 }
+
+// ChecksBlockMD5 implements BlockMD5Checker: every StageBlock sends its
+// block's Content-MD5.
+func (a *Azure) ChecksBlockMD5() bool { return true }
 
 // contentMD5 is the Content-MD5 of a request body: the service checks it
 // against what it received and refuses the request (Md5Mismatch, which is

@@ -2,6 +2,8 @@ package blobstore_test
 
 import (
 	"bytes"
+	"context"
+	"crypto/md5"
 	"encoding/base64"
 	"errors"
 	"io"
@@ -96,6 +98,58 @@ func TestAzureContentMD5(t *testing.T) {
 		n, err := az.ReadAt(ctx, name, got, 0, "")
 		if (err != nil && err != io.EOF) || !bytes.Equal(got[:n], data) {
 			t.Errorf("%s: stored %d bytes (%v), differing from what was sent", name, n, err)
+		}
+	}
+}
+
+// TestAzureBlockMD5Given: a block's MD5 handed over with WithBlockMD5 is
+// the one sent (a wrong one is refused by the service, so the right one
+// was not computed again), and only for the slice it was given for.
+func TestAzureBlockMD5Given(t *testing.T) {
+	cfg := storetest.AzuriteConfig(t)
+	if err := blobstore.CreateContainer(t.Context(), cfg, nil); err != nil {
+		t.Fatal(err)
+	}
+	az, err := blobstore.NewAzure(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !blobstore.ChecksBlockMD5(blobstore.NewRetrying(blobstore.NewObserved(az, func(context.Context, *blobstore.Call) {}), blobstore.RetryPolicy{})) {
+		t.Fatal("ChecksBlockMD5 of Azure under the retry and observing layers is false")
+	}
+	ctx := t.Context()
+	data := bytes.Repeat([]byte("hashed once, sent once\n"), 1000)
+	id := base64.StdEncoding.EncodeToString([]byte("block-0000"))
+	wrong := md5.Sum([]byte("something else"))
+
+	if err := az.StageBlock(blobstore.WithBlockMD5(ctx, data, wrong), "given", id, data); !errors.Is(err, blobstore.ErrTransient) {
+		t.Fatalf("StageBlock with a wrong MD5 given: %v; want the service's refusal (Md5Mismatch, transient)", err)
+	}
+	// The same bytes in another slice: the given MD5 is not its.
+	other := bytes.Clone(data)
+	if err := az.StageBlock(blobstore.WithBlockMD5(ctx, data, wrong), "given", id, other); err != nil {
+		t.Fatalf("StageBlock of another slice used the MD5 given for the first: %v", err)
+	}
+	if err := az.StageBlock(blobstore.WithBlockMD5(ctx, data, md5.Sum(data)), "given", id, data); err != nil {
+		t.Fatalf("StageBlock with the right MD5 given: %v", err)
+	}
+	if _, err := az.CommitBlocks(ctx, "given", []string{id}, blobstore.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(data)+1)
+	n, _ := az.ReadAt(ctx, "given", got, 0, "")
+	if !bytes.Equal(got[:n], data) {
+		t.Fatalf("read back %d bytes, not the %d staged", n, len(data))
+	}
+}
+
+// TestChecksBlockMD5: only a store that sends block MD5s says so, through
+// any wrapper.
+func TestChecksBlockMD5(t *testing.T) {
+	mem := blobstore.NewMemory()
+	for _, s := range []blobstore.Store{mem, blobstore.NewRetrying(mem, blobstore.RetryPolicy{}), blobstore.NewFaulty(mem, blobstore.FaultOptions{})} {
+		if blobstore.ChecksBlockMD5(s) {
+			t.Errorf("ChecksBlockMD5(%T) is true over the memory store", s)
 		}
 	}
 }

@@ -49,6 +49,9 @@ type observed struct {
 
 var _ Store = (*observed)(nil)
 
+// Unwrap returns the store o observes.
+func (o *observed) Unwrap() Store { return o.inner }
+
 // begin runs the start hook, if any, and returns the call's start time.
 func (o *observed) begin(ctx context.Context, op Op) time.Time {
 	if o.start != nil {

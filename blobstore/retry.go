@@ -106,6 +106,9 @@ func NewRetrying(inner Store, policy RetryPolicy) Store {
 	}
 }
 
+// Unwrap returns the store r retries on.
+func (r *retrying) Unwrap() Store { return r.inner }
+
 // spend takes one retry token if there is one.
 func (r *retrying) spend() bool {
 	r.mu.Lock()
