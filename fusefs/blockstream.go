@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/internal/md5pair"
 )
 
 var errNoStream = errors.New("no usable block stream")
@@ -196,16 +197,38 @@ func (s *streamHash) add(off int64, p []byte) {
 	}
 	if !s.broken && s.next == off {
 		s.h.Write(p)
-		s.next += int64(len(p))
-		if s.keepStates {
-			state, _ := s.h.(encoding.BinaryMarshaler).MarshalBinary()
-			s.at[0], s.states[0] = s.at[1], s.states[1]
-			s.at[1], s.states[1] = s.next, state
-		}
+		s.hashedLocked(len(p))
 	} else {
 		s.broken = true
 	}
 	s.cond.Broadcast()
+}
+
+// addNow is add for a block whose turn it is: if the bytes before it are
+// hashed already, it hashes the block and returns the block's own MD5,
+// from the same pass (md5pair). Otherwise it does nothing and returns
+// false: the caller adds the block as usual.
+func (s *streamHash) addNow(off int64, p []byte) (sum [md5.Size]byte, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken || s.next != off {
+		return sum, false
+	}
+	if sum, ok = md5pair.Write(s.h, p); ok {
+		s.hashedLocked(len(p))
+		s.cond.Broadcast()
+	}
+	return sum, ok
+}
+
+// hashedLocked records that n more bytes were hashed.
+func (s *streamHash) hashedLocked(n int) {
+	s.next += int64(n)
+	if s.keepStates {
+		state, _ := s.h.(encoding.BinaryMarshaler).MarshalBinary()
+		s.at[0], s.states[0] = s.at[1], s.states[1]
+		s.at[1], s.states[1] = s.next, state
+	}
 }
 
 // fail says a block will never be added.
@@ -283,16 +306,7 @@ func (st *blockStream) stage(ctx context.Context, id string, spill io.ReaderAt, 
 		err = io.ErrUnexpectedEOF
 	}
 	if err == nil {
-		// Hashed while it is sent: the hash waits for the blocks
-		// before this one, the request need not, and a commit's tail
-		// (every fsync of a log) does not wait for its hash first.
-		hashed := make(chan struct{})
-		go func() {
-			st.hash.add(off, buf)
-			close(hashed)
-		}()
-		err = st.fs.store.StageBlock(ctx, st.name, id, buf)
-		<-hashed // buf goes back to the pool after this
+		err = st.send(ctx, id, buf, off)
 		if err == nil && st.progress != nil {
 			st.progress.add(int64(len(buf)))
 		}
@@ -310,6 +324,32 @@ func (st *blockStream) stage(ctx context.Context, id string, spill io.ReaderAt, 
 		st.mu.Unlock()
 	}
 	return err == nil
+}
+
+// send stages the block buf, at off in the file, and hashes it into the
+// blob's MD5.
+//
+// Where the store sends each block's MD5 (Azure), computing it is a second
+// hash of the block: when the bytes before the block are hashed already
+// (a file written in order, block after block), both MD5s come from one
+// pass (streamHash.addNow), which costs about what one did. Otherwise the
+// block is hashed into the blob's MD5 while it is sent: the hash waits for
+// the blocks before this one, the request need not, and a commit's tail
+// (every fsync of a log) does not wait for its hash first.
+func (st *blockStream) send(ctx context.Context, id string, buf []byte, off int64) error {
+	if st.fs.blockMD5 {
+		if sum, ok := st.hash.addNow(off, buf); ok {
+			return st.fs.store.StageBlock(blobstore.WithBlockMD5(ctx, buf, sum), st.name, id, buf)
+		}
+	}
+	hashed := make(chan struct{})
+	go func() {
+		st.hash.add(off, buf)
+		close(hashed)
+	}()
+	err := st.fs.store.StageBlock(ctx, st.name, id, buf)
+	<-hashed // buf goes back to the pool after this
+	return err
 }
 
 // failure returns the stream's first failure, or ctx's end.

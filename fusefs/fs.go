@@ -29,6 +29,10 @@ type FS struct {
 	fuse.RawFileSystem // ENOSYS for the operations not implemented here
 
 	store    blobstore.Store
+	// blockMD5 is blobstore.ChecksBlockMD5(store): a streamed block's
+	// MD5 is worth computing in the pass that hashes it into the blob's
+	// (blockstream.go's stage).
+	blockMD5 bool
 	opts     Options
 	log      *slog.Logger
 	spillDir string
@@ -129,6 +133,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 	fs := &FS{
 		RawFileSystem:  fuse.NewDefaultRawFileSystem(),
 		store:          store,
+		blockMD5:       blobstore.ChecksBlockMD5(store),
 		opts:           opts,
 		log:            opts.Logger,
 		spillDir:       spillDir,
