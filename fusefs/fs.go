@@ -28,10 +28,10 @@ import (
 type FS struct {
 	fuse.RawFileSystem // ENOSYS for the operations not implemented here
 
-	store    blobstore.Store
+	store blobstore.Store
 	// blockMD5 is blobstore.ChecksBlockMD5(store): a streamed block's
 	// MD5 is worth computing in the pass that hashes it into the blob's
-	// (blockstream.go's stage).
+	// (blockStream.send).
 	blockMD5 bool
 	opts     Options
 	log      *slog.Logger
