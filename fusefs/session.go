@@ -856,10 +856,14 @@ func unmount(mountpoint string, lazy bool) error {
 func Unmount(mountpoint string, lazy bool) error { return unmount(mountpoint, lazy) }
 
 // logWriter adapts go-fuse's log.Logger output to slog.
+// logWriter takes go-fuse's log lines: every request and reply when
+// MountOptions.Debug asked for them, and its rare complaints otherwise.
+// Both are logged at info level: --debug-fuse alone must show the
+// requests, and the complaints must not hide below the default level.
 type logWriter struct{ l *slog.Logger }
 
 func (w logWriter) Write(p []byte) (int, error) {
-	w.l.Debug(strings.TrimRight(string(p), "\n"), "component", "go-fuse")
+	w.l.Info(strings.TrimRight(string(p), "\n"), "component", "go-fuse")
 	return len(p), nil
 }
 

@@ -497,3 +497,37 @@ func TestLogFormatFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestDebugFUSEFlag: --debug-fuse alone, at the default log level, logs the
+// FUSE requests (it once logged them at debug level, so nothing showed
+// unless --log-level debug was given as well).
+func TestDebugFUSEFlag(t *testing.T) {
+	bin := blobfsBin(t)
+	store, mp, log := t.TempDir(), t.TempDir(), filepath.Join(t.TempDir(), "blobfs.log")
+	cmd := exec.Command(bin, "mount", "--foreground", "--debug-fuse", "--log-file", log, "--local-dir", store, "--cache-dir", t.TempDir(), mp)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); syscall.Unmount(mp, syscall.MNT_DETACH) })
+	waitMounted(t, mp, true)
+	if err := os.WriteFile(filepath.Join(mp, "traced"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := waitExit(cmd, 60*time.Second); err != nil {
+		t.Fatalf("blobfs exited with %v", err)
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var creates int
+	for _, rec := range parseLog(t, "log", "text", b) {
+		if rec["component"] == "go-fuse" && strings.HasPrefix(rec["msg"], "rx ") && strings.Contains(rec["msg"], "CREATE") {
+			creates++
+		}
+	}
+	if creates == 0 {
+		t.Fatalf("--debug-fuse logged no CREATE request:\n%s", b)
+	}
+}
