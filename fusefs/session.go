@@ -855,7 +855,6 @@ func unmount(mountpoint string, lazy bool) error {
 // not; used by `blobfs unmount`.
 func Unmount(mountpoint string, lazy bool) error { return unmount(mountpoint, lazy) }
 
-// logWriter adapts go-fuse's log.Logger output to slog.
 // logWriter takes go-fuse's log lines: every request and reply when
 // MountOptions.Debug asked for them, and its rare complaints otherwise.
 // Both are logged at info level: --debug-fuse alone must show the

@@ -1,8 +1,9 @@
 //go:build ignore
 
 // gen writes block2_amd64.s and block2_go.go: the MD5 compression
-// function of RFC 1321 run on two states over the same 64-byte blocks, the
-// steps of the two interleaved so that the CPU overlaps them.
+// function of RFC 1321 run on two states, each over its own 64-byte
+// blocks (in md5pair, the same bytes at two alignments), the steps of the
+// two interleaved so that the CPU overlaps them.
 //
 //	go generate ./fusefs/internal/md5pair
 package main
@@ -48,7 +49,7 @@ func roles(i int, w [4]string) (a, b, c, d string) {
 
 // asmStep is step i on the state in w, with t as scratch:
 // a = b + rotl(a + f(b, c, d) + x[k] + T[i], s).
-func asmStep(i int, w [4]string, t string) []string {
+func asmStep(i int, w [4]string, t, msg string) []string {
 	a, b, c, d := roles(i, w)
 	var f []string
 	switch i / 16 {
@@ -61,7 +62,7 @@ func asmStep(i int, w [4]string, t string) []string {
 	default: // I = c ^ (b | ^d)
 		f = []string{"MOVL " + d + ", " + t, "NOTL " + t, "ORL " + b + ", " + t, "XORL " + c + ", " + t}
 	}
-	out := []string{fmt.Sprintf("ADDL $0x%08x, %s", constant(i), a), fmt.Sprintf("ADDL %d(SI), %s", 4*word(i), a)}
+	out := []string{fmt.Sprintf("ADDL $0x%08x, %s", constant(i), a), fmt.Sprintf("ADDL %d(%s), %s", 4*word(i), msg, a)}
 	out = append(out, f...)
 	return append(out, "ADDL "+t+", "+a, fmt.Sprintf("ROLL $%d, %s", shifts[i], a), "ADDL "+b+", "+a)
 }
@@ -75,8 +76,8 @@ func genAsm() []byte {
 	p("")
 	p(`#include "textflag.h"`)
 	p("")
-	p("// func block2(s0, s1 *[4]uint32, p []byte)")
-	p("TEXT ·block2(SB), NOSPLIT, $32-40")
+	p("// func block2(s0, s1 *[4]uint32, p0, p1 []byte)")
+	p("TEXT ·block2(SB), NOSPLIT, $32-64")
 	regs := [2][4]string{{"AX", "BX", "CX", "DX"}, {"R8", "R9", "R10", "R11"}}
 	scratch := [2]string{"R12", "R13"}
 	for s, arg := range []string{"s0+0(FP)", "s1+8(FP)"} {
@@ -85,8 +86,9 @@ func genAsm() []byte {
 			p("\tMOVL %d(SI), %s", 4*j, r)
 		}
 	}
-	p("\tMOVQ p_base+16(FP), SI")
-	p("\tMOVQ p_len+24(FP), DI")
+	p("\tMOVQ p0_base+16(FP), SI")
+	p("\tMOVQ p1_base+40(FP), R14")
+	p("\tMOVQ p0_len+24(FP), DI")
 	p("\tANDQ $~63, DI")
 	p("\tADDQ SI, DI")
 	p("\tCMPQ SI, DI")
@@ -101,7 +103,7 @@ func genAsm() []byte {
 		}
 	}
 	for i := range 64 {
-		a, b := asmStep(i, regs[0], scratch[0]), asmStep(i, regs[1], scratch[1])
+		a, b := asmStep(i, regs[0], scratch[0], "SI"), asmStep(i, regs[1], scratch[1], "R14")
 		for j := range a {
 			p("\t%s", a[j])
 			p("\t%s", b[j])
@@ -113,6 +115,7 @@ func genAsm() []byte {
 		}
 	}
 	p("\tADDQ $64, SI")
+	p("\tADDQ $64, R14")
 	p("\tCMPQ SI, DI")
 	p("\tJB   loop")
 	p("")
@@ -140,12 +143,15 @@ func genGo() []byte {
 	p(`)`)
 	p("")
 	p("// block2Go is block2 in Go: the assembly's steps, in the same order.")
-	p("func block2Go(s0, s1 *[4]uint32, p []byte) {")
+	p("func block2Go(s0, s1 *[4]uint32, p0, p1 []byte) {")
 	p("\ta0, b0, c0, d0 := s0[0], s0[1], s0[2], s0[3]")
 	p("\ta1, b1, c1, d1 := s1[0], s1[1], s1[2], s1[3]")
-	p("\tfor ; len(p) >= 64; p = p[64:] {")
-	for j := range 16 {
-		p("\t\tx%d := binary.LittleEndian.Uint32(p[%d:])", j, 4*j)
+	p("\tp1 = p1[:len(p0)&^63]")
+	p("\tfor ; len(p0) >= 64; p0, p1 = p0[64:], p1[64:] {")
+	for s := range 2 {
+		for j := range 16 {
+			p("\t\tx%d%d := binary.LittleEndian.Uint32(p%d[%d:])", s, j, s, 4*j)
+		}
 	}
 	p("\t\tsa0, sb0, sc0, sd0 := a0, b0, c0, d0")
 	p("\t\tsa1, sb1, sc1, sd1 := a1, b1, c1, d1")
@@ -167,7 +173,7 @@ func genGo() []byte {
 			default:
 				f = fmt.Sprintf("%s ^ (%s | ^%s)", c, b, d)
 			}
-			p("\t\t%s = %s + bits.RotateLeft32(%s+(%s)+x%d+0x%08x, %d)", a, b, a, f, word(i), constant(i), shifts[i])
+			p("\t\t%s = %s + bits.RotateLeft32(%s+(%s)+x%d%d+0x%08x, %d)", a, b, a, f, s, word(i), constant(i), shifts[i])
 		}
 	}
 	p("\t\ta0, b0, c0, d0 = a0+sa0, b0+sb0, c0+sc0, d0+sd0")

@@ -33,10 +33,13 @@ const (
 )
 
 // Write hashes p into h, a running MD5 from crypto/md5, and returns the
-// MD5 of p alone, reading p once. It does so only where h has hashed a
-// whole number of 64-byte blocks (a stream of blocks of such sizes always
-// has); otherwise, or if h is not crypto/md5's, it returns false and has
-// done nothing.
+// MD5 of p alone, reading p once. If h is not crypto/md5's, or its state
+// is not laid out as expected, it returns false and has done nothing.
+//
+// Where h has hashed a whole number of 64-byte blocks, both states run
+// over the same blocks of p. Otherwise (a stream carried on after a short
+// tail) h's partial block is completed from p first, and then the two run
+// over p at their two alignments.
 func Write(h hash.Hash, p []byte) (sum [md5.Size]byte, ok bool) {
 	m, ok1 := h.(encoding.BinaryMarshaler)
 	u, ok2 := h.(encoding.BinaryUnmarshaler)
@@ -48,21 +51,33 @@ func Write(h hash.Hash, p []byte) (sum [md5.Size]byte, ok bool) {
 		return sum, false
 	}
 	hashed := binary.BigEndian.Uint64(state[marshaledSize-8:])
-	if hashed%md5.BlockSize != 0 {
-		return sum, false
-	}
 	whole := words(state)
+	skip := 0
+	if r := int(hashed % md5.BlockSize); r != 0 {
+		skip = md5.BlockSize - r
+		if skip > len(p) { // p does not complete h's block: nothing to share
+			h.Write(p)
+			return md5.Sum(p), true
+		}
+		var first [md5.BlockSize]byte
+		buffered := state[len(magic)+4*4:]
+		copy(first[:], buffered[:r])
+		copy(first[r:], p[:skip])
+		var unused [4]uint32
+		block2(&whole, &unused, first[:], first[:])
+	}
+	n := (len(p) - skip) &^ (md5.BlockSize - 1)
 	part := initState
-	n := len(p) &^ (md5.BlockSize - 1)
-	block2(&whole, &part, p[:n])
+	block2(&whole, &part, p[skip:skip+n], p[:n])
 	// Neither unmarshal is expected to fail, given the layout h itself
 	// marshaled; if one did, h would be as it was.
 	rest := md5.New()
-	if rest.(encoding.BinaryUnmarshaler).UnmarshalBinary(marshal(part, uint64(n))) != nil ||
-		u.UnmarshalBinary(marshal(whole, hashed+uint64(n))) != nil {
+	restU, ok3 := rest.(encoding.BinaryUnmarshaler)
+	if !ok3 || restU.UnmarshalBinary(marshal(part, uint64(n))) != nil ||
+		u.UnmarshalBinary(marshal(whole, hashed+uint64(skip+n))) != nil {
 		return sum, false
 	}
-	h.Write(p[n:])
+	h.Write(p[skip+n:])
 	rest.Write(p[n:])
 	rest.Sum(sum[:0])
 	return sum, true
