@@ -261,12 +261,14 @@ func (a *Azure) StageBlock(ctx context.Context, name, blockID string, data []byt
 	if err := validateBlockID(blockID); err != nil {
 		return err
 	}
-	check := contentMD5
+	var validation blob.TransferValidationType
 	if sum, ok := BlockMD5(ctx, data); ok {
-		check = func([]byte) blob.TransferValidationType { return blob.TransferValidationTypeMD5(sum) }
+		validation = blob.TransferValidationTypeMD5(sum)
+	} else {
+		validation = contentMD5(data)
 	}
 	_, err := a.client.NewBlockBlobClient(name).StageBlock(ctx, blockID, streaming.NopCloser(bytes.NewReader(data)), &blockblob.StageBlockOptions{
-		TransactionalValidation: check(data),
+		TransactionalValidation: validation,
 	})
 	return mapAzureError(ctx, OpStageBlock, name, Conditions{}, err)
 }

@@ -207,8 +207,8 @@ func (s *streamHash) add(off int64, p []byte) {
 // addWithSum is add that also returns the block's own MD5, from the same
 // pass (md5pair): it waits, as add does, until the bytes before the block
 // are hashed. Every block handed out is added or fails the hash, so the
-// wait ends. If the hash broke, or md5pair cannot take the block (the
-// stream is not at a 64-byte boundary), it does nothing and returns false:
+// wait ends. If the hash broke, or md5pair cannot take the hash (not
+// crypto/md5's state as it knows it), it does nothing and returns false:
 // the caller adds the block as usual.
 func (s *streamHash) addWithSum(off int64, p []byte) (sum [md5.Size]byte, ok bool) {
 	s.mu.Lock()

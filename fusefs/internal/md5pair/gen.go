@@ -17,7 +17,7 @@ import (
 	"os"
 )
 
-// shifts[i] is step i's rotation; table[i] its constant, floor(abs(sin(i+1)) * 2^32).
+// shifts[i] is step i's rotation.
 var shifts = [64]int{
 	7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22,
 	5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20,
@@ -25,6 +25,7 @@ var shifts = [64]int{
 	6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21,
 }
 
+// constant is step i's constant, floor(abs(sin(i+1)) * 2^32).
 func constant(i int) uint32 { return uint32(math.Floor(math.Abs(math.Sin(float64(i+1))) * (1 << 32))) }
 
 // word is the index of the message word step i adds.
@@ -47,24 +48,56 @@ func roles(i int, w [4]string) (a, b, c, d string) {
 	return w[r], w[(r+1)%4], w[(r+2)%4], w[(r+3)%4]
 }
 
-// asmStep is step i on the state in w, with t as scratch:
-// a = b + rotl(a + f(b, c, d) + x[k] + T[i], s).
+// round lists the operations that compute step i's round function into a
+// scratch register, one definition for both outputs: first a copy of one
+// of b, c, d, then operations with another of them (or none, for not).
+//
+//	F = d ^ (b & (c ^ d)), G = c ^ (d & (b ^ c)), H = b ^ c ^ d, I = c ^ (b | ^d)
+func round(i int, b, c, d string) (first string, ops [][2]string) {
+	switch i / 16 {
+	case 0:
+		return d, [][2]string{{"XOR", c}, {"AND", b}, {"XOR", d}}
+	case 1:
+		return c, [][2]string{{"XOR", b}, {"AND", d}, {"XOR", c}}
+	case 2:
+		return d, [][2]string{{"XOR", c}, {"XOR", b}}
+	}
+	return d, [][2]string{{"NOT", ""}, {"OR", b}, {"XOR", c}}
+}
+
+// asmStep is step i on the state in w, with t as scratch and the block's
+// words at msg: a = b + rotl(a + f(b, c, d) + x[k] + T[i], s).
 func asmStep(i int, w [4]string, t, msg string) []string {
 	a, b, c, d := roles(i, w)
-	var f []string
-	switch i / 16 {
-	case 0: // F = d ^ (b & (c ^ d))
-		f = []string{"MOVL " + d + ", " + t, "XORL " + c + ", " + t, "ANDL " + b + ", " + t, "XORL " + d + ", " + t}
-	case 1: // G = c ^ (d & (b ^ c))
-		f = []string{"MOVL " + c + ", " + t, "XORL " + b + ", " + t, "ANDL " + d + ", " + t, "XORL " + c + ", " + t}
-	case 2: // H = b ^ c ^ d
-		f = []string{"MOVL " + d + ", " + t, "XORL " + c + ", " + t, "XORL " + b + ", " + t}
-	default: // I = c ^ (b | ^d)
-		f = []string{"MOVL " + d + ", " + t, "NOTL " + t, "ORL " + b + ", " + t, "XORL " + c + ", " + t}
-	}
 	out := []string{fmt.Sprintf("ADDL $0x%08x, %s", constant(i), a), fmt.Sprintf("ADDL %d(%s), %s", 4*word(i), msg, a)}
-	out = append(out, f...)
+	first, ops := round(i, b, c, d)
+	out = append(out, "MOVL "+first+", "+t)
+	for _, op := range ops {
+		if op[1] == "" {
+			out = append(out, op[0]+"L "+t)
+		} else {
+			out = append(out, op[0]+"L "+op[1]+", "+t)
+		}
+	}
 	return append(out, "ADDL "+t+", "+a, fmt.Sprintf("ROLL $%d, %s", shifts[i], a), "ADDL "+b+", "+a)
+}
+
+// goRound is step i's round function as a Go expression.
+func goRound(i int, b, c, d string) string {
+	expr, ops := round(i, b, c, d)
+	for _, op := range ops {
+		switch op[0] {
+		case "NOT":
+			expr = "^" + expr
+		case "XOR":
+			expr = "(" + expr + " ^ " + op[1] + ")"
+		case "AND":
+			expr = "(" + expr + " & " + op[1] + ")"
+		case "OR":
+			expr = "(" + expr + " | " + op[1] + ")"
+		}
+	}
+	return expr
 }
 
 func genAsm() []byte {
@@ -162,17 +195,7 @@ func genGo() []byte {
 				w[j] = fmt.Sprintf("%s%d", n, s)
 			}
 			a, b, c, d := roles(i, w)
-			var f string
-			switch i / 16 {
-			case 0:
-				f = fmt.Sprintf("%s ^ (%s & (%s ^ %s))", d, b, c, d)
-			case 1:
-				f = fmt.Sprintf("%s ^ (%s & (%s ^ %s))", c, d, b, c)
-			case 2:
-				f = fmt.Sprintf("%s ^ %s ^ %s", b, c, d)
-			default:
-				f = fmt.Sprintf("%s ^ (%s | ^%s)", c, b, d)
-			}
+			f := goRound(i, b, c, d)
 			p("\t\t%s = %s + bits.RotateLeft32(%s+(%s)+x%d%d+0x%08x, %d)", a, b, a, f, s, word(i), constant(i), shifts[i])
 		}
 	}
