@@ -265,6 +265,11 @@ func TestUploadStreamStops(t *testing.T) {
 	data := rnd(40*bs, 7)
 	f.WriteAt(data[bs:], bs) // out of order: no stream
 	f.WriteAt(data[:bs], 0)
+	// The first write handed the stream's blocks out (block 0 a hole)
+	// before the second abandoned it: let them finish, so that the
+	// counts below are the commits' own (under load, some were still
+	// staging after the failures were switched on).
+	waitFor(t, "the abandoned stream's blocks", func() bool { return len(fsys.uploadSlots) == 0 })
 	of := findOpenFile(fsys, "c")
 	if of == nil {
 		t.Fatal("no open file")
