@@ -206,3 +206,49 @@ func TestStreamNotStagedUnderOldName(t *testing.T) {
 		t.Fatalf("%d blocks staged under the old name after the rename (by name: %v)", store.byName["a"], store.byName)
 	}
 }
+
+// sizeStore records the size of every staged block.
+type sizeStore struct {
+	blobstore.Store
+	mu    sync.Mutex
+	sizes map[int]int // block size -> blocks staged of it
+}
+
+func (s *sizeStore) StageBlock(ctx context.Context, name, id string, data []byte) error {
+	s.mu.Lock()
+	s.sizes[len(data)]++
+	s.mu.Unlock()
+	return s.Store.StageBlock(ctx, name, id, data)
+}
+
+// TestStreamBlocksGrow: a stream's blocks after the first blockGrowAfter
+// are twice the block size, so that a large file streams within Azure's
+// block count; the blob is the file, and no block goes twice.
+func TestStreamBlocksGrow(t *testing.T) {
+	defer func(n int) { blockGrowAfter = n }(blockGrowAfter)
+	blockGrowAfter = 3
+	const bs = 64 << 10
+	store := &sizeStore{Store: blobstore.NewMemory(), sizes: map[int]int{}}
+	mnt, _ := mountStore(t, store, Options{UploadBlockSize: bs, UploadConcurrency: 2})
+	data := pattern(3*bs+4*2*bs+777, 6)
+	f, err := os.Create(join(mnt, "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// In pieces smaller than a block, as a writer's requests arrive.
+	for off := 0; off < len(data); off += 20000 {
+		if _, err := f.Write(data[off:min(off+20000, len(data))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wantBlob(t, store, "big", data)
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	want := map[int]int{bs: 3, 2 * bs: 4, 777: 1}
+	if len(store.sizes) != len(want) || store.sizes[bs] != 3 || store.sizes[2*bs] != 4 || store.sizes[777] != 1 {
+		t.Fatalf("staged blocks by size %v, want %v", store.sizes, want)
+	}
+}

@@ -171,12 +171,13 @@ func (fs *FS) takeUploadBuf(ctx context.Context, n int64, wait bool) ([]byte, bo
 			return nil, false, nil
 		}
 	}
-	// Full blocks come from the process's pool of mapped buffers, like
-	// the block cache's (blockbuf.go): on the heap, each fresh 8 MiB
-	// buffer was faulted in page by page while the writer waited, half a
-	// second of a core per GiB on a fresh mount.
+	// Full blocks (of either size a stream uses, blockGrowAfter) come
+	// from the process's pool of mapped buffers, like the block cache's
+	// (blockbuf.go): on the heap, each fresh 8 MiB buffer was faulted in
+	// page by page while the writer waited, half a second of a core per
+	// GiB on a fresh mount.
 	var buf []byte
-	if size == fs.opts.UploadBlockSize {
+	if size == fs.opts.UploadBlockSize || size == 2*fs.opts.UploadBlockSize {
 		buf = allocBlockBuf(size)
 	} else {
 		buf = make([]byte, size)
@@ -202,9 +203,7 @@ func (fs *FS) giveUploadBuf(buf []byte) {
 	if h, ok := fs.uploadSems.LoadAndDelete(&buf[0]); ok {
 		h.(heldBytes).sem.Release(h.(heldBytes).n)
 	}
-	if size == fs.opts.UploadBlockSize {
-		freeBlockBuf(buf)
-	}
+	freeBlockBuf(buf) // leaves a heap buffer to the garbage collector
 	<-fs.uploadSlots
 }
 

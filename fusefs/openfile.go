@@ -250,7 +250,7 @@ func (of *openFile) write(ctx context.Context, data []byte, off int64) error {
 	of.mtime = nil // a write makes the file's time now again
 	of.changedLocked()
 	if st := of.stream; st != nil {
-		if off < st.next || of.size-st.next >= st.bs && !of.streamNamedLocked(st) {
+		if off < st.next || of.size-st.next >= st.blockSize() && !of.streamNamedLocked(st) {
 			st.abandon()
 			of.stream = nil
 		} else if err := st.stageFull(of.spill, of.size); err != nil {

@@ -80,7 +80,7 @@ func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.BoolVar(&c.fs.WriteBack, "write-back", false, "close returns once the data is on local disk; the upload follows in the background (fsync still waits for the store)")
 	fl.Int64Var(&c.writeBackMB, "write-back-mb", fusefs.DefaultWriteBackBytes>>20, "with --write-back: closed files' bytes that may wait for upload, MiB; over it, close uploads first")
 	fl.Int64Var(&c.readMB, "read-block-mb", 8, "size of one ranged read, MiB")
-	fl.Int64Var(&c.uploadMB, "upload-block-mb", 8, "size of one staged upload block, MiB")
+	fl.Int64Var(&c.uploadMB, "upload-block-mb", fusefs.DefaultUploadBlockSize>>20, "size of one staged upload block, MiB")
 	fl.IntVar(&c.fs.UploadConcurrency, "upload-concurrency", 16, "blocks uploaded in parallel per file (twice as many in flight over all files being written)")
 	fl.IntVar(&c.fs.MaxReadAheadBlocks, "readahead-blocks", 0, "read-ahead fetches in flight, in blocks; the window ahead of a sequential reader is twice that, at most 3/4 of the cache (default: half of the cache, at most 32)")
 	fl.IntVar(&c.fs.PrefetchFiles, "prefetch-files", 16, "small files fetched ahead when a directory's files are read one after another in name order (0 disables)")
