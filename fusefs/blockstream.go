@@ -56,7 +56,9 @@ var errNoStream = errors.New("no usable block stream")
 // whole file is uploaded instead.
 //
 // Locking: the owning openFile's mu serialises stageFull and commit's
-// callers; mu here guards ids and err, written by the uploads.
+// callers; mu here guards ids, ends and err: the uploads write err; ids and
+// ends are written only by those serialised callers, which read them
+// without it.
 type blockStream struct {
 	fs    *FS
 	name  string // blob the blocks are staged for
@@ -87,22 +89,39 @@ type blockStream struct {
 }
 
 // keptTailDivisor: a commit's tail is kept as a block of its own when it
-// holds at least bs/keptTailDivisor bytes (see "Carrying on").
+// holds at least 1/keptTailDivisor of a full block at its place (see
+// "Carrying on").
 const keptTailDivisor = 8
 
-// blockGrowAfter: a stream's blocks from this index on are twice bs, so
-// that a file streams far beyond 10,000 blocks within Azure's 50,000
-// (351 GiB at the default 4 MiB: 39 GiB of 4 MiB blocks, then 8 MiB
-// ones), while files up to 10,000 blocks keep the small blocks, which
-// keep the bytes in flight and a retried block small. A variable for tests.
+// blockGrowAfter: a stream's blocks from this index on are twice bs (at
+// most blobstore.MaxBlockSize), so that a file streams far beyond 10,000
+// blocks within Azure's 50,000 (351 GiB at the default 4 MiB: 39 GiB of
+// 4 MiB blocks, then 8 MiB ones), while files up to 10,000 blocks keep
+// the small blocks, which keep the bytes in flight and a retried block
+// small. A variable for tests.
 var blockGrowAfter = 10_000
 
-// blockSize returns the size of the stream's next full block.
-func (st *blockStream) blockSize() int64 {
-	if len(st.ids) >= blockGrowAfter {
-		return min(2*st.bs, blobstore.MaxBlockSize)
+// blockSizeAt returns the size of a full block at index i of a stream of
+// block size bs.
+func blockSizeAt(bs int64, i int) int64 {
+	if i >= blockGrowAfter {
+		return min(2*bs, blobstore.MaxBlockSize)
 	}
-	return st.bs
+	return bs
+}
+
+// blockSize returns the size of the stream's next full block.
+func (st *blockStream) blockSize() int64 { return blockSizeAt(st.bs, len(st.ids)) }
+
+// streamBlocks returns the number of blocks a stream of block size bs
+// stages for size bytes, the tail included.
+func streamBlocks(size, bs int64) int64 {
+	small := int64(blockGrowAfter) * bs
+	if size <= small {
+		return (size + bs - 1) / bs
+	}
+	big := blockSizeAt(bs, blockGrowAfter)
+	return int64(blockGrowAfter) + (size-small+big-1)/big
 }
 
 func (fs *FS) newBlockStream(name string) *blockStream {
@@ -128,7 +147,7 @@ func (st *blockStream) carryOn(size int64) *blockStream {
 	if keep == 0 || st.ends[keep-1] != size {
 		return nil
 	}
-	if start := blockStart(st.ends, keep-1); size-start < st.bs/keptTailDivisor {
+	if start := blockStart(st.ends, keep-1); size-start < blockSizeAt(st.bs, keep-1)/keptTailDivisor {
 		keep--
 	}
 	next := blockStart(st.ends, keep)

@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"maps"
 	"os"
 	"sync"
 	"syscall"
@@ -212,43 +213,103 @@ type sizeStore struct {
 	blobstore.Store
 	mu    sync.Mutex
 	sizes map[int]int // block size -> blocks staged of it
+	bytes int
 }
 
 func (s *sizeStore) StageBlock(ctx context.Context, name, id string, data []byte) error {
 	s.mu.Lock()
 	s.sizes[len(data)]++
+	s.bytes += len(data)
 	s.mu.Unlock()
 	return s.Store.StageBlock(ctx, name, id, data)
 }
 
+func (s *sizeStore) staged() (map[int]int, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.sizes), s.bytes
+}
+
 // TestStreamBlocksGrow: a stream's blocks after the first blockGrowAfter
 // are twice the block size, so that a large file streams within Azure's
-// block count; the blob is the file, and no block goes twice.
+// block count: while the file is written, and after an fsync carries the
+// stream on. The blob is the file, and no byte goes twice but a short
+// tail's.
 func TestStreamBlocksGrow(t *testing.T) {
-	defer func(n int) { blockGrowAfter = n }(blockGrowAfter)
+	// Put back after the unmount (cleanups run last first): a release
+	// may still be committing after the test's last close.
+	old := blockGrowAfter
+	t.Cleanup(func() { blockGrowAfter = old })
 	blockGrowAfter = 3
-	const bs = 64 << 10
+	// tail is under an eighth of a grown block, not of bs.
+	const bs, tail = 64 << 10, 10000
 	store := &sizeStore{Store: blobstore.NewMemory(), sizes: map[int]int{}}
 	mnt, _ := mountStore(t, store, Options{UploadBlockSize: bs, UploadConcurrency: 2})
-	data := pattern(3*bs+4*2*bs+777, 6)
+	data := pattern(3*bs+4*2*bs+tail, 6)
 	f, err := os.Create(join(mnt, "big"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// In pieces smaller than a block, as a writer's requests arrive.
-	for off := 0; off < len(data); off += 20000 {
-		if _, err := f.Write(data[off:min(off+20000, len(data))]); err != nil {
-			t.Fatal(err)
+	defer f.Close()
+	write := func(p []byte) {
+		// In pieces smaller than a block, as a writer's requests arrive.
+		for off := 0; off < len(p); off += 20000 {
+			if _, err := f.Write(p[off:min(off+20000, len(p))]); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	write(data)
+	waitFor(t, "the full blocks streamed while the file is written", func() bool {
+		sizes, _ := store.staged()
+		return sizes[bs] == 3 && sizes[2*bs] == 4
+	})
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	wantBlobAndMD5(t, store, "big", data)
+	if sizes, _ := store.staged(); len(sizes) != 3 || sizes[tail] != 1 {
+		t.Fatalf("staged blocks by size %v, want 3 of %d, 4 of %d and the tail", sizes, bs, 2*bs)
+	}
+
+	// The tail, under an eighth of a full block at its place, goes
+	// again with what follows; the blocks before it are kept.
+	more := pattern(2*2*bs+5000, 7)
+	write(more)
+	data = append(data, more...)
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	wantBlob(t, store, "big", data)
-	store.mu.Lock()
-	defer store.mu.Unlock()
-	want := map[int]int{bs: 3, 2 * bs: 4, 777: 1}
-	if len(store.sizes) != len(want) || store.sizes[bs] != 3 || store.sizes[2*bs] != 4 || store.sizes[777] != 1 {
-		t.Fatalf("staged blocks by size %v, want %v", store.sizes, want)
+	wantBlobAndMD5(t, store, "big", data)
+	sizes, sent := store.staged()
+	if want := len(data) + tail; sent != want {
+		t.Errorf("%d bytes staged, want %d (each byte once, the short tail twice)", sent, want)
+	}
+	if sizes[bs] != 3 || sizes[2*bs] != 6 {
+		t.Errorf("staged blocks by size %v, want 3 of %d and 6 of %d", sizes, bs, 2*bs)
+	}
+}
+
+// TestStreamBlocks: the block count of a stream, and the largest file
+// that streams at the default block size (docs/reference.md).
+func TestStreamBlocks(t *testing.T) {
+	const bs = DefaultUploadBlockSize
+	small := int64(blockGrowAfter) * bs
+	for _, c := range []struct{ size, want int64 }{
+		{0, 0}, {1, 1}, {bs, 1}, {bs + 1, 2},
+		{small, int64(blockGrowAfter)},
+		{small + 1, int64(blockGrowAfter) + 1},
+		{small + 2*bs, int64(blockGrowAfter) + 1},
+		{small + 2*bs + 1, int64(blockGrowAfter) + 2},
+	} {
+		if got := streamBlocks(c.size, bs); got != c.want {
+			t.Errorf("streamBlocks(%d, %d) = %d, want %d", c.size, bs, got, c.want)
+		}
+	}
+	if n := streamBlocks(351<<30, bs); n >= blobstore.MaxBlocks-1 {
+		t.Errorf("351 GiB takes %d blocks: does not stream", n)
+	}
+	if n := streamBlocks(352<<30, bs); n < blobstore.MaxBlocks-1 {
+		t.Errorf("352 GiB takes %d blocks: streams, the docs say it does not", n)
 	}
 }

@@ -462,7 +462,7 @@ func (of *openFile) commit(ctx context.Context) error {
 	} else {
 		err = errNoStream
 	}
-	if err != nil && ctx.Err() == nil && size > of.fs.opts.UploadBlockSize && size/of.fs.opts.UploadBlockSize < blobstore.MaxBlocks-2 {
+	if err != nil && ctx.Err() == nil && size > of.fs.opts.UploadBlockSize && streamBlocks(size, of.fs.opts.UploadBlockSize) < blobstore.MaxBlocks-1 {
 		// The whole file, through a stream of its own, so that the
 		// commit after this one can keep its blocks: a log reopened
 		// for appending, or written out of order once, is then not

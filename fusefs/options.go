@@ -94,7 +94,8 @@ type Options struct {
 	// UploadConcurrency is the number of blocks staged in parallel per
 	// file at a commit; files being written sequentially stream up to
 	// twice as many blocks at once, over all files, each holding an
-	// UploadBlockSize buffer (128 MiB at the defaults). Default 16: a
+	// UploadBlockSize buffer (128 MiB at the defaults; twice that while
+	// files past 10,000 blocks stream, blockGrowAfter). Default 16: a
 	// single stream to the store is slow (tens of MB/s to Azure), and
 	// the writer waits for a free slot once all are taken, so the slots
 	// must cover the time one block takes to stage.
