@@ -292,20 +292,14 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	// A socket left by an earlier process (or the pod being replaced):
 	// take the name over; kubelet connects to whoever listens now.
-	if err := os.Remove(d.socketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove old socket: %w", err)
-	}
-	lis, err := net.Listen("unix", d.socketPath)
+	lis, ours, err := listenTakeover(d.socketPath)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", d.socketPath, err)
+		return err
 	}
-	// During a rolling update with surge, the new pod takes the socket
-	// name over while this one still runs: on the way out, remove the
-	// socket only if it is still ours (Go would unlink the name blindly).
-	lis.(*net.UnixListener).SetUnlinkOnClose(false)
-	ours, _ := os.Stat(d.socketPath)
 	defer func() {
-		if now, err := os.Stat(d.socketPath); err == nil && ours != nil && os.SameFile(ours, now) {
+		// During a rolling update with surge, the new pod takes the
+		// name over while this one still runs.
+		if now, err := os.Stat(d.socketPath); err == nil && os.SameFile(ours, now) {
 			os.Remove(d.socketPath)
 		}
 	}()

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -188,17 +187,8 @@ func (r *Registrar) driverReady(ctx context.Context, client csipb.IdentityClient
 // serve listens on sock and answers kubelet until ctx ends, kubelet
 // reports a failed registration, or the socket disappears; it says which.
 func (r *Registrar) serve(ctx context.Context, name, sock string) (string, error) {
-	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("remove old registration socket: %w", err)
-	}
-	lis, err := net.Listen("unix", sock)
+	lis, ours, err := listenTakeover(sock)
 	if err != nil {
-		return "", fmt.Errorf("listen on %s: %w", sock, err)
-	}
-	lis.(*net.UnixListener).SetUnlinkOnClose(false)
-	ours, err := os.Stat(sock)
-	if err != nil {
-		lis.Close()
 		return "", err
 	}
 	// Drain a failure report left from an earlier round.
