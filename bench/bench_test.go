@@ -163,3 +163,49 @@ func TestParseFigures(t *testing.T) {
 		}
 	}
 }
+
+// TestFreshAzuriteRefused: -fresh-azurite runs before every Azurite figure
+// but the first, and a command that fails, or leaves the old Azurite (its
+// container still there), fails the figure instead of measuring it on a
+// used Azurite. (make bench's restart itself is the positive case.)
+func TestFreshAzuriteRefused(t *testing.T) {
+	endpoint := os.Getenv(storetest.EnvAzurite)
+	if endpoint == "" {
+		t.Skipf("set %s to run against Azurite", storetest.EnvAzurite)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the harness mounts with mount(2): run as root")
+	}
+	for _, c := range []struct{ cmd, want string }{
+		{"true", "left container"},
+		{"echo no azurite here; exit 3", "no azurite here"},
+	} {
+		cfg := QuickConfig()
+		cfg.SmallFiles = 5
+		cfg.Reps = 1
+		cfg.Figures = []string{FigSmallList, FigFaultyCreate, FigSmallRead}
+		cfg.FaultyLatency = 0
+		cfg.Endpoint = endpoint
+		if k := os.Getenv(storetest.EnvAzuriteKey); k != "" {
+			cfg.Key = k
+		}
+		cfg.BlobfsBin = buildBlobfs(t)
+		cfg.WorkDir = t.TempDir()
+		cfg.Others = false
+		cfg.DropCaches = false
+		cfg.FreshAzurite = c.cmd
+		rep, err := Run(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, _ := rep.Row(FigSmallList)
+		local, _ := rep.Row(FigFaultyCreate)
+		second, _ := rep.Row(FigSmallRead)
+		if first.Err != nil || local.Err != nil {
+			t.Errorf("%q: the first Azurite figure (%v) and a local one (%v) need no fresh Azurite", c.cmd, first.Err, local.Err)
+		}
+		if second.Err == nil || !strings.Contains(second.Err.Error(), c.want) {
+			t.Errorf("%q: second Azurite figure: %v, want an error saying %q", c.cmd, second.Err, c.want)
+		}
+	}
+}

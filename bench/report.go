@@ -161,6 +161,9 @@ func (r *Report) Markdown(w io.Writer) error {
 		human(c.Size), c.SmallFiles, human(int64(c.SmallFileSize)), human(c.FaultySize), c.FaultyLatency, human(c.FaultyBandwidth), human(c.MemorySize), c.BlockCacheMB)
 	fmt.Fprintf(&b, "- method: the fastest SDK strategy of one exploration round is the baseline; then best of %d interleaved repetitions per side (fresh mount each); page cache dropped before timed phases: %v; ratio = blobfs / baseline; run took %v\n",
 		c.Reps, c.DropCaches, r.Elapsed.Round(time.Second))
+	if c.FreshAzurite != "" {
+		b.WriteString("- a fresh Azurite for each Azurite figure (`-fresh-azurite`)\n")
+	}
 	if c.InProcess {
 		b.WriteString("- **diagnostic run**: the Azurite figures' blobfs mount was served in-process, not by the blobfs binary\n")
 	}

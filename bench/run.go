@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -17,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/bloberror"
 	"golang.org/x/sys/unix"
 )
 
@@ -87,10 +90,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 
+	azuriteUsed := false
 	for _, fig := range cfg.Figures {
 		if err := ctx.Err(); err != nil {
 			r.report.Rows = append(r.report.Rows, Row{ID: fig, Figure: fig, Err: err})
 			continue
+		}
+		if r.az != nil && cfg.FreshAzurite != "" && slices.Contains(azuriteFigures, fig) {
+			if azuriteUsed {
+				if err := r.freshAzurite(ctx); err != nil {
+					r.logf("%s failed: %v", fig, err)
+					r.report.Rows = append(r.report.Rows, Row{ID: fig, Figure: fig, Err: err})
+					continue
+				}
+			}
+			azuriteUsed = true
 		}
 		r.logf("== %s", fig)
 		r.interrupted = map[string]int{}
@@ -596,3 +610,23 @@ func rate(n int) func(time.Duration) float64 {
 
 // joinPath is filepath.Join for blob names used as paths in a mount.
 func joinPath(dir, name string) string { return filepath.Join(dir, filepath.FromSlash(name)) }
+
+// freshAzurite runs Config.FreshAzurite and creates the run's container
+// again in the Azurite it leaves. A container still there means the
+// command left the old Azurite running: an error, as the figure would
+// not be measured on a fresh one.
+func (r *runner) freshAzurite(ctx context.Context) error {
+	cmd := exec.CommandContext(ctx, "sh", "-c", r.cfg.FreshAzurite)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("-fresh-azurite %q: %w: %s", r.cfg.FreshAzurite, err, bytes.TrimSpace(out))
+	}
+	if _, err := r.az.client.Create(ctx, nil); err != nil {
+		if bloberror.HasCode(err, bloberror.ContainerAlreadyExists) {
+			return fmt.Errorf("-fresh-azurite %q left container %s in place: not a fresh Azurite", r.cfg.FreshAzurite, r.az.container)
+		}
+		return fmt.Errorf("create container %s again after -fresh-azurite: %w", r.az.container, err)
+	}
+	r.logf("fresh Azurite: %s", bytes.TrimSpace(out))
+	return nil
+}
