@@ -179,9 +179,9 @@ type Config struct {
 	// KeepContainer leaves the Azurite container in place at the end.
 	KeepContainer bool
 	// FreshAzurite, if set, is a shell command run before every Azurite
-	// figure but the first, which must leave an empty Azurite at
-	// Endpoint (restart an in-memory one); the container is created
-	// again. An in-memory Azurite frees a figure's deleted blobs only in
+	// figure but the first, and before every timed write of seq-write,
+	// which must leave an empty Azurite at Endpoint (restart an
+	// in-memory one); the container is created again. An in-memory Azurite frees a figure's deleted blobs only in
 	// a garbage collection minutes later, which then takes a CPU for
 	// tens of seconds in the middle of another figure: seen as a
 	// baseline's repetitions taking 4.9, 8.0 and 8.7 s in one row.
