@@ -19,19 +19,9 @@ import (
 // working. It checks that every figure was measured and that the data read
 // back was right; it does not check targets, which depend on the machine.
 func TestQuickAzurite(t *testing.T) {
-	endpoint := os.Getenv(storetest.EnvAzurite)
-	if endpoint == "" {
-		t.Skipf("set %s=http://127.0.0.1:10000/devstoreaccount1 after `.ci/azurite.sh start` to run the benchmark harness", storetest.EnvAzurite)
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("the harness mounts with mount(2): run as root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse")
-	}
+	cfg := harnessConfig(t)
 	// Smaller than -quick: under -race (as CI runs it) this stays well
 	// within a minute.
-	cfg := QuickConfig()
 	cfg.Size = 16 * MiB
 	cfg.SmallFiles = 40
 	cfg.FaultySize = 16 * MiB
@@ -43,16 +33,6 @@ func TestQuickAzurite(t *testing.T) {
 	// as it takes to pass the cache.
 	cfg.BlobfsArgs = []string{"--block-cache-mb=16"}
 	cfg.Figures = FigureIDs() // the opt-in ones too
-	cfg.Endpoint = endpoint
-	if k := os.Getenv(storetest.EnvAzuriteKey); k != "" {
-		cfg.Key = k
-	}
-	cfg.BlobfsBin = buildBlobfs(t)
-	cfg.WorkDir = t.TempDir()
-	cfg.Others = false
-	// Other packages' tests run beside this one: do not flush the whole
-	// machine's page cache under them.
-	cfg.DropCaches = false
 	if testing.Verbose() {
 		cfg.Log = testLog{t}
 	}
@@ -76,6 +56,35 @@ func TestQuickAzurite(t *testing.T) {
 			t.Errorf("figure %s has no line in the table", id)
 		}
 	}
+}
+
+// harnessConfig returns QuickConfig for a test of the harness against the
+// Azurite named by $BLOBFS_TEST_AZURITE, with a blobfs built for it, or
+// skips the test where it cannot run.
+func harnessConfig(t *testing.T) Config {
+	t.Helper()
+	endpoint := os.Getenv(storetest.EnvAzurite)
+	if endpoint == "" {
+		t.Skipf("set %s=http://127.0.0.1:10000/devstoreaccount1 after `.ci/azurite.sh start` to run the benchmark harness", storetest.EnvAzurite)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the harness mounts with mount(2): run as root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+	cfg := QuickConfig()
+	cfg.Endpoint = endpoint
+	if k := os.Getenv(storetest.EnvAzuriteKey); k != "" {
+		cfg.Key = k
+	}
+	cfg.BlobfsBin = buildBlobfs(t)
+	cfg.WorkDir = t.TempDir()
+	cfg.Others = false
+	// Other packages' tests run beside these: do not flush the whole
+	// machine's page cache under them.
+	cfg.DropCaches = false
+	return cfg
 }
 
 // logReport logs a report's tables, fails the test if a row failed, and
@@ -169,30 +178,16 @@ func TestParseFigures(t *testing.T) {
 // container still there), fails the figure instead of measuring it on a
 // used Azurite. (make bench's restart itself is the positive case.)
 func TestFreshAzuriteRefused(t *testing.T) {
-	endpoint := os.Getenv(storetest.EnvAzurite)
-	if endpoint == "" {
-		t.Skipf("set %s to run against Azurite", storetest.EnvAzurite)
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("the harness mounts with mount(2): run as root")
-	}
+	base := harnessConfig(t)
+	base.SmallFiles = 5
+	base.Reps = 1
+	base.Figures = []string{FigSmallList, FigFaultyCreate, FigSmallRead}
+	base.FaultyLatency = 0
 	for _, c := range []struct{ cmd, want string }{
 		{"true", "left container"},
 		{"echo no azurite here; exit 3", "no azurite here"},
 	} {
-		cfg := QuickConfig()
-		cfg.SmallFiles = 5
-		cfg.Reps = 1
-		cfg.Figures = []string{FigSmallList, FigFaultyCreate, FigSmallRead}
-		cfg.FaultyLatency = 0
-		cfg.Endpoint = endpoint
-		if k := os.Getenv(storetest.EnvAzuriteKey); k != "" {
-			cfg.Key = k
-		}
-		cfg.BlobfsBin = buildBlobfs(t)
-		cfg.WorkDir = t.TempDir()
-		cfg.Others = false
-		cfg.DropCaches = false
+		cfg := base
 		cfg.FreshAzurite = c.cmd
 		rep, err := Run(t.Context(), cfg)
 		if err != nil {

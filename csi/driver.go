@@ -292,17 +292,13 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	// A socket left by an earlier process (or the pod being replaced):
 	// take the name over; kubelet connects to whoever listens now.
-	lis, ours, err := listenTakeover(d.socketPath)
+	lis, name, err := listenTakeover(d.socketPath)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		// During a rolling update with surge, the new pod takes the
-		// name over while this one still runs.
-		if now, err := os.Stat(d.socketPath); err == nil && os.SameFile(ours, now) {
-			os.Remove(d.socketPath)
-		}
-	}()
+	// During a rolling update with surge, the new pod takes the name
+	// over while this one still runs.
+	defer name.removeIfOurs()
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(d.logAndMeasure, d.recoverPanics))
 	csipb.RegisterIdentityServer(srv, d)
 	if d.cfg.Controller {

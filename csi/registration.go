@@ -187,7 +187,7 @@ func (r *Registrar) driverReady(ctx context.Context, client csipb.IdentityClient
 // serve listens on sock and answers kubelet until ctx ends, kubelet
 // reports a failed registration, or the socket disappears; it says which.
 func (r *Registrar) serve(ctx context.Context, name, sock string) (string, error) {
-	lis, ours, err := listenTakeover(sock)
+	lis, owned, err := listenTakeover(sock)
 	if err != nil {
 		return "", err
 	}
@@ -209,9 +209,7 @@ func (r *Registrar) serve(ctx context.Context, name, sock string) (string, error
 		case <-time.After(5 * time.Second):
 			srv.Stop()
 		}
-		if now, err := os.Stat(sock); err == nil && os.SameFile(ours, now) {
-			os.Remove(sock)
-		}
+		owned.removeIfOurs()
 	}()
 	r.log.Info("offering registration to kubelet", "driver", name, "socket", sock, "driver_path", r.cfg.KubeletDriverPath)
 
@@ -226,8 +224,7 @@ func (r *Registrar) serve(ctx context.Context, name, sock string) (string, error
 			// socket stays; a new socket later is registered at once.
 			return "kubelet could not register the driver: " + msg, nil
 		case <-t.C:
-			now, err := os.Stat(sock)
-			if err != nil || !os.SameFile(ours, now) {
+			if !owned.stillOurs() {
 				return "the registration socket was removed or replaced", nil
 			}
 		}
