@@ -448,9 +448,9 @@ func (c *blockCache) fetch(b *block, size int64) {
 	// buffer reused, and readThrough writes the disk cache from it.
 	check := c.sums.begin(b.key.name, b.key.etag, off, n)
 	got, err := readThrough(context.Background(), c.store, c.disk, nil, c.fetched, b.key.name, b.key.etag, size, buf, off)
-	// Before ready too: the fetch that completes a whole read's hash
-	// fails on a mismatch. A block that lands ahead of the hash stays
-	// pinned until the hash reaches it.
+	// Before ready too: the block of a whole read that lands last waits
+	// for the verdict, and fails on a mismatch. The others are ready at
+	// once, pinned until hashed.
 	if verr := c.sums.endHeld(check, buf[:got], err, func() func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()

@@ -41,26 +41,36 @@ var errContentMismatch = errors.New("the content read does not match the blob's 
 // gets the verdict: on a mismatch it fails, so the reader of the blob's
 // last bytes gets EIO, not the end of the file.
 //
-// Order: fetches run in parallel and land out of order. A block of the
-// block cache that lands beyond the hashed prefix is held (pinned in the
-// cache, where read-ahead keeps it anyway, so no copy) and hashed when the
-// prefix reaches it, by the fetch that gets it there (endHeld); so the
-// fetch that completes the hash may be of any block, and its readers get
-// the verdict: a reader of every byte cannot miss it. Fetch goroutines
-// never wait for each other there: read-ahead's workers are few, and
-// blocks are queued for them in the order asked for, not by offset. Other
-// ranges (a fill's, a random read's chunks) wait instead while a fetch in
-// flight covers the prefix's end (end). When nothing will fill the gap
-// (the reader skipped bytes, or they came from a cache), or held blocks
-// wait longer than holdTimeout, the pass is given up until a fetch of the
-// blob's first bytes starts a new one. Bytes already cached are not
-// fetched again, so a whole read is verified when its pass fetched every
-// byte: the first read of a file, or a later one once its blocks were
-// evicted.
+// Order: fetches run in parallel and land out of order, and MD5 takes its
+// bytes in order. A range that lands is held (sorted by offset) until the
+// hashed prefix reaches it; one goroutine per pass at a time, the hasher
+// (hashHeld), hashes the held ranges the prefix reaches, outside the lock,
+// so that neither a fetch nor its readers wait for the hashing of other
+// blocks. A block of the block cache goes to its readers as soon as it
+// lands: it stays pinned in the cache (where read-ahead keeps it anyway, so
+// no copy) until hashed. The range that lands last, the one whose bytes
+// complete the landed prefix to the end, waits for the verdict before its
+// readers get it: a reader of every byte reads it, so cannot miss the
+// verdict. A range whose buffer is its fetch's (a fill's, a random read's
+// chunks) waits until it is hashed, and only while the bytes before it are
+// coming: a fetch in flight covers the prefix's end, or the hasher runs.
+// Fetch goroutines of the block cache never wait for other fetches:
+// read-ahead's workers are few, and blocks are queued for them in the
+// order asked for, not by offset. When nothing will fill the gap (the
+// reader skipped bytes, or they came from a cache), or held blocks wait
+// longer than holdTimeout, the pass is given up until a fetch of the
+// blob's first bytes starts a new one (a new sumPass, with its own hash:
+// a hasher still busy with the old one never touches it). Bytes already
+// cached are not fetched again, so a whole read is verified when its pass
+// fetched every byte: the first read of a file, or a later one once its
+// blocks were evicted.
 //
-// Cost: one MD5 pass (about 700 MB/s on one core of these machines) over
+// Cost: one MD5 pass (about 670 MB/s on one core of these machines) over
 // the bytes fetched for readers that start at offset 0, and nothing for
 // blobs without a Content-MD5 or with --verify-md5=false (a nil sumChecks).
+// The hash trails the fetches by what lands at once: read-ahead's window
+// (128 MiB at the defaults) lands together, so a whole read ends about
+// 0.2 s after its last byte is fetched (docs/benchmarks.md, faulty-read).
 type sumChecks struct {
 	log        *slog.Logger
 	onMismatch func(name, etag string) // drops the version from the caches
@@ -88,36 +98,60 @@ const (
 	holdTimeout = 5 * time.Second
 )
 
-// sumCheck is one pass over a version. Its hash, next and flights are
-// guarded by mu; cond wakes the ranges waiting for their turn.
+// sumCheck is what sumChecks knows of one version: its Content-MD5 and
+// the pass over it now, if any. pass, and everything in it, is guarded by
+// mu; cond wakes the ranges waiting on the pass.
 type sumCheck struct {
 	key  verKey
 	want contentSum
 	size int64
 	used time.Time // guarded by sumChecks.mu
 
-	mu      sync.Mutex
-	cond    *sync.Cond
-	h       hash.Hash
-	next    int64 // bytes hashed, from offset 0
-	broken  bool  // bytes were skipped: no verdict until a new pass
-	flights map[*sumFlight]bool
-	held    []heldRange // landed beyond next, by offset
-	moved   time.Time   // when next last moved, or a range was held
-	timer   *time.Timer // gives held ranges up after holdTimeout
+	mu    sync.Mutex
+	cond  *sync.Cond
+	pass  *sumPass    // nil until a reader at the first byte starts one
+	timer *time.Timer // gives held ranges up after holdTimeout
 }
 
-// heldRange is a block that landed beyond the hashed prefix, kept until
-// the prefix reaches it; release unpins it.
+// newPassHash makes a pass's hash; a test slows it down.
+var newPassHash = md5.New
+
+// sumPass is one pass over a version, from offset 0. A new pass is a new
+// sumPass, so a hasher still busy with an old one never touches it.
+type sumPass struct {
+	h       hash.Hash // hashes [0, next); written by the hasher alone
+	next    int64
+	running bool         // a hasher (hashHeld) works for this pass
+	taken   *heldRange   // the range the hasher hashes outside the lock
+	held    []*heldRange // landed, not hashed yet, by offset
+	flights map[*sumFlight]bool
+	moved   time.Time // when next last moved, or a range was held
+
+	broken   bool  // given up (bytes skipped, or held too long): no verdict
+	complete bool  // every byte hashed; the verdict is being given
+	decided  bool  // the verdict is in verdict
+	verdict  error // nil or errContentMismatch
+}
+
+// over tells whether the pass takes no more ranges.
+func (p *sumPass) over() bool { return p.broken || p.complete }
+
+// heldRange is a range that landed and waits for the prefix to reach it.
+// release, if not nil, unpins the block of the block cache it lies in;
+// without one, data is its fetch's buffer, and the fetch waits for done.
 type heldRange struct {
 	off     int64
 	data    []byte
 	release func()
+	done    bool // hashed, or dropped with the pass
 }
+
+func (r *heldRange) end() int64 { return r.off + int64(len(r.data)) }
 
 // sumFlight is one fetch of a range of a version being checked.
 type sumFlight struct {
 	c        *sumCheck
+	p        *sumPass
 	off, end int64
 }
 
@@ -196,7 +230,7 @@ func (s *sumChecks) expect(name, etag string, size int64, want contentSum, start
 		delete(s.files, oldest.key)
 	}
 	// No pass until a reader at the first byte begins one (start).
-	c := &sumCheck{key: key, want: want, size: size, used: now, h: md5.New(), flights: map[*sumFlight]bool{}, broken: true}
+	c := &sumCheck{key: key, want: want, size: size, used: now}
 	c.cond = sync.NewCond(&c.mu)
 	s.files[key] = c
 	if start {
@@ -209,9 +243,8 @@ func (s *sumChecks) expect(name, etag string, size int64, want contentSum, start
 func (c *sumCheck) startPass() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.broken {
-		c.broken, c.next = false, 0
-		c.h.Reset()
+	if c.pass == nil || c.pass.over() {
+		c.pass = &sumPass{h: newPassHash(), flights: map[*sumFlight]bool{}}
 	}
 }
 
@@ -263,30 +296,34 @@ func (s *sumChecks) begin(name, etag string, off, n int64) *sumFlight {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.broken {
+	p := c.pass
+	if p == nil || p.over() {
 		return nil
 	}
-	if off+n <= c.next {
+	if off+n <= p.next {
 		return nil // hashed already
 	}
-	f := &sumFlight{c: c, off: off, end: off + n}
-	c.flights[f] = true
+	f := &sumFlight{c: c, p: p, off: off, end: off + n}
+	p.flights[f] = true
 	return f
 }
 
-// end hashes the range's data, got by its fetch, once the bytes before it
-// are hashed, waiting while a fetch in flight covers them; err is the
-// fetch's failure (the data is then not used). It returns
-// errContentMismatch when this range completed a version whose MD5 does
+// end hands the range's data, got by its fetch, to the pass and waits
+// until it is hashed, while the bytes before it are coming (a fetch in
+// flight covers the prefix's end, or the hasher runs); err is the fetch's
+// failure (the data is then not used). It returns errContentMismatch when
+// this range was the last of a version to land and the version's MD5 does
 // not match.
 func (s *sumChecks) end(f *sumFlight, data []byte, err error) error {
 	return s.finish(f, data, err, nil)
 }
 
-// endHeld is end for a block of the block cache: when it lands beyond the
-// hashed prefix it does not wait; hold pins it and returns its release,
-// and it is hashed when the prefix reaches it. hold returns nil when the
-// cache cannot spare the block: the pass is then given up.
+// endHeld is end for a block of the block cache: hold pins the block and
+// returns its release, and endHeld returns at once, the block hashed later
+// (the hasher unpins it then), unless it is the last of the version to
+// land: then it waits for the verdict. hold returns nil when the cache
+// cannot spare the block: the block then waits to be hashed if the prefix
+// reaches it, and the pass is given up if not.
 func (s *sumChecks) endHeld(f *sumFlight, data []byte, err error, hold func() (release func())) error {
 	return s.finish(f, data, err, hold)
 }
@@ -295,54 +332,117 @@ func (s *sumChecks) finish(f *sumFlight, data []byte, err error, hold func() fun
 	if f == nil {
 		return nil
 	}
-	c := f.c
+	c, p := f.c, f.p
 	c.mu.Lock()
-	for err == nil && !c.broken {
-		if f.off <= c.next {
-			c.hashLocked(f.off, data)
-			// The blocks held for this one.
-			for len(c.held) > 0 && c.held[0].off <= c.next {
-				r := c.held[0]
-				c.held = c.held[1:]
-				c.hashLocked(r.off, r.data)
-				r.release()
-			}
-			break
-		}
-		if hold != nil && len(c.held) < maxHeld {
+	var r *heldRange
+	if err == nil && !p.over() && f.end > p.next {
+		front := p.frontLocked()
+		if hold != nil && len(p.held) < maxHeld {
 			if release := hold(); release != nil {
-				c.holdLocked(heldRange{off: f.off, data: data, release: release})
-				break
+				r = &heldRange{off: f.off, data: data, release: release}
 			}
 		}
-		if hold != nil || !c.coveredLocked(c.next) {
-			c.breakLocked()
+		switch {
+		case r != nil:
+		case f.off <= front:
+			// Not pinned: its buffer is its caller's, so it waits to be
+			// hashed, and the prefix reaches it.
+			r = &heldRange{off: f.off, data: data}
+		case hold == nil && p.coveredLocked(front):
+			// A fetch in flight fills the gap before it. (A block of
+			// the block cache does not wait for another fetch.)
+			r = &heldRange{off: f.off, data: data}
+		default:
+			c.breakLocked(p)
+		}
+	}
+	// In flight until here: it covered its bytes for the ranges after it;
+	// from here on, held does.
+	delete(p.flights, f)
+	last := false
+	if r != nil {
+		c.holdLocked(p, r)
+		// Every byte landed: this range's readers get the verdict.
+		last = p.frontLocked() >= c.size
+		s.startHasherLocked(c, p)
+	}
+	c.cond.Broadcast()
+	for r != nil {
+		if r.release == nil && !r.done {
+			// The prefix stopped short of it: nothing will fill the gap.
+			if !p.running && !p.over() && !p.coveredLocked(p.next) {
+				c.breakLocked(p)
+				continue
+			}
+		} else if !last || p.decided || p.broken {
 			break
 		}
 		c.cond.Wait()
 	}
-	c.cond.Broadcast()
-	var sum []byte
-	if !c.broken && c.next >= c.size {
-		sum = c.h.Sum(nil)
-		c.breakLocked() // this pass is over; a new one starts at 0
-	}
-	// In flight until here: while it waited, it still covered its bytes
-	// for the ranges after it.
-	delete(c.flights, f)
+	decided, verdict := last && p.decided, p.verdict
 	c.mu.Unlock()
-	if sum == nil {
-		if err == nil && s.isCorrupt(c.key.name, c.key.etag) {
-			return errContentMismatch
-		}
-		return nil
+	if decided {
+		return verdict
 	}
+	if err == nil && s.isCorrupt(c.key.name, c.key.etag) {
+		return errContentMismatch
+	}
+	return nil
+}
+
+// startHasherLocked starts a hasher for pass p when the prefix reaches its
+// first held range and none runs.
+func (s *sumChecks) startHasherLocked(c *sumCheck, p *sumPass) {
+	if !p.running && !p.over() && len(p.held) > 0 && p.held[0].off <= p.next {
+		p.running = true
+		go s.hashHeld(c, p)
+	}
+}
+
+// hashHeld is pass p's hasher: it hashes the held ranges the prefix
+// reaches, one at a time and outside the lock (so the fetches of the
+// version land, and their blocks go to readers, while it hashes), and
+// gives the verdict when the prefix reaches the end. One runs per pass at
+// a time: the hash takes its bytes in order.
+func (s *sumChecks) hashHeld(c *sumCheck, p *sumPass) {
+	c.mu.Lock()
+	for !p.over() && len(p.held) > 0 && p.held[0].off <= p.next {
+		r := p.held[0]
+		p.held = p.held[1:]
+		p.taken = r
+		next := p.next
+		c.mu.Unlock()
+		if end := r.end(); end > next {
+			p.h.Write(r.data[next-r.off:])
+			next = end
+		}
+		c.mu.Lock()
+		p.taken = nil
+		p.next, p.moved = next, time.Now()
+		r.done = true
+		if r.release != nil {
+			r.release()
+		}
+		c.cond.Broadcast()
+	}
+	p.running = false
+	if p.over() || p.next < c.size {
+		c.mu.Unlock()
+		return
+	}
+	p.complete = true // a new pass may start: it starts at 0
+	sum := p.h.Sum(nil)
+	c.mu.Unlock()
 	s.mu.Lock()
 	if s.files[c.key] == c {
 		delete(s.files, c.key)
 	}
 	s.mu.Unlock()
-	return s.verdict(c.key, c.size, c.want, sum)
+	verdict := s.verdict(c.key, c.size, c.want, sum)
+	c.mu.Lock()
+	p.decided, p.verdict = true, verdict
+	c.cond.Broadcast()
+	c.mu.Unlock()
 }
 
 // verdict counts a whole read of version key, size bytes that hashed to
@@ -368,31 +468,36 @@ func (s *sumChecks) verdict(key verKey, size int64, want contentSum, got []byte)
 	return errContentMismatch
 }
 
-// hashLocked hashes what data, at off, adds beyond the prefix.
-func (c *sumCheck) hashLocked(off int64, data []byte) {
-	if end := off + int64(len(data)); end > c.next {
-		c.h.Write(data[c.next-off:])
-		c.next = end
-		c.moved = time.Now()
-	}
-}
-
-// holdLocked keeps r, in order of offset, and makes sure a timer gives it
-// up if the prefix stops moving.
-func (c *sumCheck) holdLocked(r heldRange) {
-	i := len(c.held)
-	for i > 0 && c.held[i-1].off > r.off {
+// holdLocked keeps r in p's held ranges, in order of offset, and makes
+// sure a timer gives the pass up if its prefix stops moving.
+func (c *sumCheck) holdLocked(p *sumPass, r *heldRange) {
+	i := len(p.held)
+	for i > 0 && p.held[i-1].off > r.off {
 		i--
 	}
-	c.held = append(c.held, heldRange{})
-	copy(c.held[i+1:], c.held[i:])
-	c.held[i] = r
-	if len(c.held) == 1 {
-		c.moved = time.Now()
+	p.held = slices.Insert(p.held, i, r)
+	if len(p.held) == 1 {
+		p.moved = time.Now()
 	}
 	if c.timer == nil {
 		c.timer = time.AfterFunc(holdTimeout, c.checkHeld)
 	}
+}
+
+// frontLocked is where the bytes landed from offset 0 end: hashed, being
+// hashed, or held.
+func (p *sumPass) frontLocked() int64 {
+	front := p.next
+	if p.taken != nil {
+		front = max(front, p.taken.end())
+	}
+	for _, r := range p.held {
+		if r.off > front {
+			break
+		}
+		front = max(front, r.end())
+	}
+	return front
 }
 
 // checkHeld gives the pass up when its held blocks have waited
@@ -402,29 +507,34 @@ func (c *sumCheck) checkHeld() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.timer = nil
-	if len(c.held) == 0 {
+	p := c.pass
+	if p == nil || len(p.held) == 0 || p.over() {
 		return
 	}
-	if wait := holdTimeout - time.Since(c.moved); wait > 0 {
-		c.timer = time.AfterFunc(wait, c.checkHeld)
+	if wait := holdTimeout - time.Since(p.moved); wait > 0 || p.running {
+		c.timer = time.AfterFunc(max(wait, holdTimeout/10), c.checkHeld)
 		return
 	}
-	c.breakLocked()
+	c.breakLocked(p)
 	c.cond.Broadcast()
 }
 
-// breakLocked ends the pass: no verdict, held blocks released.
-func (c *sumCheck) breakLocked() {
-	c.broken = true
-	for _, r := range c.held {
-		r.release()
+// breakLocked gives pass p up: no verdict, held ranges released. The
+// range the hasher has is its own to release.
+func (c *sumCheck) breakLocked(p *sumPass) {
+	p.broken = true
+	for _, r := range p.held {
+		r.done = true
+		if r.release != nil {
+			r.release()
+		}
 	}
-	c.held = nil
+	p.held = nil
 }
 
 // coveredLocked tells whether a fetch in flight holds the byte at off.
-func (c *sumCheck) coveredLocked(off int64) bool {
-	for f := range c.flights {
+func (p *sumPass) coveredLocked(off int64) bool {
+	for f := range p.flights {
 		if f.off <= off && off < f.end {
 			return true
 		}
