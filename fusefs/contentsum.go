@@ -54,9 +54,12 @@ var errContentMismatch = errors.New("the content read does not match the blob's 
 // verdict. A range whose buffer is its fetch's (a fill's, a random read's
 // chunks) waits until it is hashed, and only while the bytes before it are
 // coming: a fetch in flight covers the prefix's end, or the hasher runs.
-// Fetch goroutines of the block cache never wait for other fetches:
-// read-ahead's workers are few, and blocks are queued for them in the
-// order asked for, not by offset. When nothing will fill the gap (the
+// Fetch goroutines of the block cache never wait for other fetches (a
+// block the cache cannot pin waits for the hasher, and only once the
+// prefix reaches it): read-ahead's workers are few, and blocks are queued
+// for them in the order asked for, not by offset. A second fetch of bytes
+// that landed before (a fill's and a reader's) waits for the verdict too
+// when every byte has landed. When nothing will fill the gap (the
 // reader skipped bytes, or they came from a cache), or held blocks wait
 // longer than holdTimeout, the pass is given up until a fetch of the
 // blob's first bytes starts a new one (a new sumPass, with its own hash:
@@ -92,8 +95,8 @@ const (
 	maxSumChecks  = 256
 	maxCorruptSum = 1024
 	maxGoodSum    = 4096
-	// maxHeld is the most blocks a pass holds ahead of its prefix, and
-	// holdTimeout how long they may wait for it to move.
+	// maxHeld is the most blocks a pass keeps pinned, and holdTimeout how
+	// long held ranges may wait for the prefix to move.
 	maxHeld     = 64
 	holdTimeout = 5 * time.Second
 )
@@ -124,6 +127,7 @@ type sumPass struct {
 	running bool         // a hasher (hashHeld) works for this pass
 	taken   *heldRange   // the range the hasher hashes outside the lock
 	held    []*heldRange // landed, not hashed yet, by offset
+	pinned  int          // ranges in held and taken with a release
 	flights map[*sumFlight]bool
 	moved   time.Time // when next last moved, or a range was held
 
@@ -297,11 +301,13 @@ func (s *sumChecks) begin(name, etag string, off, n int64) *sumFlight {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := c.pass
-	if p == nil || p.over() {
+	if p == nil || p.broken || p.decided {
 		return nil
 	}
-	if off+n <= p.next {
-		return nil // hashed already
+	if off+n <= p.next && p.frontLocked() < c.size {
+		// Hashed already. (With every byte landed, a second fetch of
+		// them waits for the verdict as the last one does.)
+		return nil
 	}
 	f := &sumFlight{c: c, p: p, off: off, end: off + n}
 	p.flights[f] = true
@@ -337,9 +343,10 @@ func (s *sumChecks) finish(f *sumFlight, data []byte, err error, hold func() fun
 	var r *heldRange
 	if err == nil && !p.over() && f.end > p.next {
 		front := p.frontLocked()
-		if hold != nil && len(p.held) < maxHeld {
+		if hold != nil && p.pinned < maxHeld {
 			if release := hold(); release != nil {
 				r = &heldRange{off: f.off, data: data, release: release}
+				p.pinned++
 			}
 		}
 		switch {
@@ -359,19 +366,22 @@ func (s *sumChecks) finish(f *sumFlight, data []byte, err error, hold func() fun
 	// In flight until here: it covered its bytes for the ranges after it;
 	// from here on, held does.
 	delete(p.flights, f)
-	last := false
 	if r != nil {
 		c.holdLocked(p, r)
-		// Every byte landed: this range's readers get the verdict.
-		last = p.frontLocked() >= c.size
 		s.startHasherLocked(c, p)
 	}
+	// Every byte landed and no verdict yet: this range's readers wait for
+	// it. It is the last to land, or a second fetch of bytes that landed
+	// before (a fill's and a reader's), whose reader might otherwise get
+	// every byte before the verdict is in.
+	last := err == nil && !p.broken && !p.decided && p.frontLocked() >= c.size
 	c.cond.Broadcast()
-	for r != nil {
-		if r.release == nil && !r.done {
+	for {
+		if r != nil && r.release == nil && !r.done {
 			// The prefix stopped short of it: nothing will fill the gap.
 			if !p.running && !p.over() && !p.coveredLocked(p.next) {
 				c.breakLocked(p)
+				c.cond.Broadcast()
 				continue
 			}
 		} else if !last || p.decided || p.broken {
@@ -422,6 +432,7 @@ func (s *sumChecks) hashHeld(c *sumCheck, p *sumPass) {
 		r.done = true
 		if r.release != nil {
 			r.release()
+			p.pinned--
 		}
 		c.cond.Broadcast()
 	}
@@ -433,10 +444,15 @@ func (s *sumChecks) hashHeld(c *sumCheck, p *sumPass) {
 	p.complete = true // a new pass may start: it starts at 0
 	sum := p.h.Sum(nil)
 	c.mu.Unlock()
+	// Done with the version, unless a new pass began on it meanwhile
+	// (its reader's fetches find it through files). expect starts passes
+	// under s.mu, so the check holds both.
 	s.mu.Lock()
-	if s.files[c.key] == c {
+	c.mu.Lock()
+	if s.files[c.key] == c && c.pass == p {
 		delete(s.files, c.key)
 	}
+	c.mu.Unlock()
 	s.mu.Unlock()
 	verdict := s.verdict(c.key, c.size, c.want, sum)
 	c.mu.Lock()
@@ -527,6 +543,7 @@ func (c *sumCheck) breakLocked(p *sumPass) {
 		r.done = true
 		if r.release != nil {
 			r.release()
+			p.pinned--
 		}
 	}
 	p.held = nil

@@ -376,7 +376,9 @@ func TestSumChecksHeld(t *testing.T) {
 			}
 			pins := &pinCount{}
 			for i, off := range tc.order {
-				err := s.endHeld(flights[off], tc.content[off:off+100], nil, pins.hold)
+				err := within(t, func() error {
+					return s.endHeld(flights[off], tc.content[off:off+100], nil, pins.hold)
+				})
 				if i < len(tc.order)-1 && err != nil {
 					t.Fatalf("range at %d, not the last to land: %v", off, err)
 				}
@@ -396,42 +398,46 @@ func TestSumChecksHeld(t *testing.T) {
 }
 
 // A block is not held back while other blocks are hashed: with the hash
-// stopped, a block at the prefix and one beyond it go to their readers.
-// A pass given up while the hasher has a block keeps that block pinned
-// until the hasher is done with it, and a new pass started meanwhile gets
-// its own hash.
+// stopped, a block at the prefix and one beyond a gap go to their readers,
+// while a range in its fetch's buffer waits to be hashed. A pass given up
+// while the hasher has a block keeps that block pinned until the hasher is
+// done with it, and a new pass started meanwhile gets its own hash.
 func TestSumChecksHashOutsideLock(t *testing.T) {
-	gate := make(chan struct{})
-	hashing := make(chan struct{}, 16)
-	newPassHash = func() hash.Hash { return gatedHash{md5.New(), gate, hashing} }
-	defer func() { newPassHash = md5.New }()
-
+	gate := gateHashes(t)
 	data := pattern(400, 3)
 	sum := contentSum(md5.Sum(data))
 	s := newSumChecks(testLogger(t), nil)
 	if err := s.expect("a", "e", 400, sum, true); err != nil {
 		t.Fatal(err)
 	}
-	f0, f1 := s.begin("a", "e", 0, 100), s.begin("a", "e", 100, 100)
-	pins := &pinCount{}
-	returned := make(chan error, 2)
-	go func() { returned <- s.endHeld(f0, data[:100], nil, pins.hold) }()
-	<-hashing // the hasher has block 0 and is stopped
-	go func() { returned <- s.endHeld(f1, data[100:200], nil, pins.hold) }()
-	for range 2 {
-		select {
-		case err := <-returned:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("a block waited for the hash of blocks not its own")
-		}
+	var f [4]*sumFlight
+	for i := range f {
+		f[i] = s.begin("a", "e", int64(i)*100, 100)
 	}
-	// A range of a caller's buffer beyond a gap nothing fills gives the
-	// pass up: block 1 is unpinned, block 0 stays pinned (the hasher
-	// reads it).
-	if err := s.end(s.begin("a", "e", 300, 100), data[300:], nil); err != nil {
+	pins := &pinCount{}
+	if err := within(t, func() error { return s.endHeld(f[0], data[:100], nil, pins.hold) }); err != nil {
+		t.Fatal(err)
+	}
+	<-gate.hashing // the hasher has block 0 and is stopped
+	if err := within(t, func() error { return s.endHeld(f[2], data[200:300], nil, pins.hold) }); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- s.end(f[1], data[100:200], nil) }()
+	select {
+	case err := <-ended:
+		t.Fatalf("a range in its fetch's buffer returned before it was hashed: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	// The fetch of the last block fails, and a range beyond it with
+	// nothing in flight before it gives the pass up: the ranges held
+	// are let go (the buffer's range returns), and block 0 stays pinned
+	// (the hasher reads it).
+	s.end(f[3], nil, errors.New("injected"))
+	if err := s.end(s.begin("a", "e", 350, 50), data[350:], nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := within(t, func() error { return <-ended }); err != nil {
 		t.Fatal(err)
 	}
 	if n := pins.held(); n != 1 {
@@ -443,14 +449,16 @@ func TestSumChecksHashOutsideLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	for off := int64(0); off < 400; off += 100 {
-		if err := s.endHeld(s.begin("a", "e", off, 100), data[off:off+100], nil, pins.hold); err != nil {
+		if err := within(t, func() error {
+			return s.endHeld(s.begin("a", "e", off, 100), data[off:off+100], nil, pins.hold)
+		}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if v, m := s.stats(); v != 1 || m != 0 {
 		t.Fatalf("the new pass: verified %d, mismatches %d; want 1, 0", v, m)
 	}
-	close(gate)
+	gate.open()
 	deadline := time.Now().Add(5 * time.Second)
 	for pins.held() != 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
@@ -461,6 +469,101 @@ func TestSumChecksHashOutsideLock(t *testing.T) {
 	if v, m := s.stats(); v != 1 || m != 0 {
 		t.Fatalf("after the old hasher: verified %d, mismatches %d; want 1, 0", v, m)
 	}
+}
+
+// A second fetch of bytes that landed before, once every byte has landed,
+// waits for the verdict: a reader's chunk fetched again beside a fill gets
+// the mismatch, not its bytes before the verdict is in. (Found by review:
+// the fill, the last to land, got the verdict, and the reader got every
+// byte without an error.)
+func TestSumChecksSecondFetchWaits(t *testing.T) {
+	gate := gateHashes(t)
+	data := pattern(300, 5)
+	bad := slices.Clone(data)
+	bad[250]++
+	sum := contentSum(md5.Sum(data))
+	s := newSumChecks(testLogger(t), nil)
+	if err := s.expect("a", "e", 300, sum, true); err != nil {
+		t.Fatal(err)
+	}
+	fill := s.begin("a", "e", 0, 100)
+	f1, f2 := s.begin("a", "e", 100, 100), s.begin("a", "e", 200, 100)
+	pins := &pinCount{}
+	for _, f := range []*sumFlight{f1, f2} {
+		if err := within(t, func() error { return s.endHeld(f, bad[f.off:f.end], nil, pins.hold) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	filled := make(chan error, 1)
+	go func() { filled <- s.end(fill, bad[:100], nil) }()
+	<-gate.hashing
+	gate.step() // [0, 100) hashed; the hasher stops at [100, 200)
+	<-gate.hashing
+	read := make(chan error, 1)
+	go func() {
+		// The reader's fetch of bytes the hasher is past.
+		read <- s.end(s.begin("a", "e", 0, 100), bad[:100], nil)
+	}()
+	select {
+	case err := <-read:
+		t.Fatalf("a second fetch returned before the verdict: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	gate.open()
+	for name, ch := range map[string]chan error{"the fill": filled, "the reader": read} {
+		if err := within(t, func() error { return <-ch }); err != errContentMismatch {
+			t.Errorf("%s: %v, want the mismatch", name, err)
+		}
+	}
+}
+
+// within runs f and fails the test if it takes more than 5 s, rather than
+// leaving a wait that never ends to go test's timeout.
+func within(t *testing.T, f func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(5 * time.Second):
+		t.Fatal("still waiting after 5 s")
+		return nil
+	}
+}
+
+// hashGate stops the hashes of the passes started while it is set: each
+// Write says on hashing that it began, and waits for a step or for open.
+type hashGate struct {
+	steps   chan struct{}
+	hashing chan struct{}
+	once    sync.Once
+}
+
+// gateHashes sets a hashGate for the test; it opens at the end of the
+// test, so that no hasher is left waiting.
+func gateHashes(t *testing.T) *hashGate {
+	g := &hashGate{steps: make(chan struct{}), hashing: make(chan struct{}, 64)}
+	newPassHash = func() hash.Hash { return gatedHash{md5.New(), g} }
+	t.Cleanup(func() {
+		newPassHash = md5.New
+		g.open()
+	})
+	return g
+}
+
+func (g *hashGate) step() { g.steps <- struct{}{} }
+func (g *hashGate) open() { g.once.Do(func() { close(g.steps) }) }
+
+type gatedHash struct {
+	hash.Hash
+	g *hashGate
+}
+
+func (h gatedHash) Write(b []byte) (int, error) {
+	h.g.hashing <- struct{}{}
+	<-h.g.steps
+	return h.Hash.Write(b)
 }
 
 // pinCount stands for the block cache's pins in sumChecks tests: it fails
@@ -490,20 +593,6 @@ func (p *pinCount) held() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.n
-}
-
-// gatedHash is a hash whose writes wait for gate, saying on hashing that
-// one began.
-type gatedHash struct {
-	hash.Hash
-	gate    chan struct{}
-	hashing chan struct{}
-}
-
-func (g gatedHash) Write(b []byte) (int, error) {
-	g.hashing <- struct{}{}
-	<-g.gate
-	return g.Hash.Write(b)
 }
 
 // BenchmarkWholeReadChecked reads a 256 MiB blob whole through a mount
