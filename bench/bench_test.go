@@ -204,3 +204,20 @@ func TestFreshAzuriteRefused(t *testing.T) {
 		}
 	}
 }
+
+// A side's directories carry its name, and -compare-args may hold a path
+// ("--cache-dir=/dev/shm/x"): the side was refused with "pattern contains
+// path separator" before.
+func TestNewDirOfAPathInArgs(t *testing.T) {
+	r := &runner{work: t.TempDir()}
+	dir, err := r.newDir("mnt-blobfs --cache-dir=/dev/shm/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filepath.Dir(dir) != r.work {
+		t.Fatalf("made %s, not in %s", dir, r.work)
+	}
+	if got := pathSafe("write-blobfs --cache-dir=/dev/shm/x-6.bin"); strings.ContainsRune(got, '/') {
+		t.Fatalf("a file name with a separator: %q", got)
+	}
+}

@@ -184,7 +184,7 @@ func (r *runner) seqWrite(ctx context.Context) Row {
 		if err := fresh(); err != nil {
 			return 0, err
 		}
-		name := fmt.Sprintf("write-%s-%d.bin", c.name, r.unique())
+		name := pathSafe(fmt.Sprintf("write-%s-%d.bin", c.name, r.unique()))
 		defer r.az.delete(context.Background(), name)
 		d, err := r.withMount(ctx, c, func(dir string) (time.Duration, error) {
 			r.settle()
@@ -288,7 +288,7 @@ func (r *runner) smallCreate(ctx context.Context) Row {
 		},
 	}
 	contenders := r.clientSides(func(ctx context.Context, c client) (time.Duration, error) {
-		dir := fmt.Sprintf("create-%s-%d", c.name, r.unique())
+		dir := pathSafe(fmt.Sprintf("create-%s-%d", c.name, r.unique()))
 		return r.withMount(ctx, c, func(mnt string) (time.Duration, error) {
 			if err := os.Mkdir(joinPath(mnt, dir), 0o755); err != nil {
 				return 0, err

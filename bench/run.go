@@ -203,7 +203,19 @@ func (r *runner) detail(format string, args ...any) {
 
 // newDir makes a fresh directory in the run's directory.
 func (r *runner) newDir(kind string) (string, error) {
-	return os.MkdirTemp(r.work, kind+"-")
+	return os.MkdirTemp(r.work, pathSafe(kind)+"-")
+}
+
+// pathSafe makes a name that may carry a client's name into one file name:
+// a client's name carries its -compare-args, and a path in them
+// ("--cache-dir=/dev/shm/x") must not become directories.
+func pathSafe(name string) string {
+	return strings.Map(func(c rune) rune {
+		if c == os.PathSeparator || c == 0 {
+			return '_'
+		}
+		return c
+	}, name)
 }
 
 // unique returns a new number for names.
