@@ -37,9 +37,9 @@ var errContentMismatch = errors.New("the content read does not match the blob's 
 // Where: every fetch from the store or the disk cache goes through
 // readThrough, for the block cache, the chunk cache and disk-cache fills
 // alike; a version being read (expect, at each READ) is hashed there, in
-// order of offset, as its ranges arrive. The fetch that completes the hash
-// gets the verdict: on a mismatch it fails, so the reader of the blob's
-// last bytes gets EIO, not the end of the file.
+// order of offset, as its ranges arrive. The fetch that lands last gets
+// the verdict: on a mismatch it fails, so a reader of every byte gets EIO,
+// not the end of the file.
 //
 // Order: fetches run in parallel and land out of order, and MD5 takes its
 // bytes in order. A range that lands is held (sorted by offset) until the
