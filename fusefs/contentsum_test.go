@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"sync"
@@ -513,6 +514,97 @@ func TestSumChecksSecondFetchWaits(t *testing.T) {
 	for name, ch := range map[string]chan error{"the fill": filled, "the reader": read} {
 		if err := within(t, func() error { return <-ch }); err != errContentMismatch {
 			t.Errorf("%s: %v, want the mismatch", name, err)
+		}
+	}
+}
+
+// Ranges of a version land in random orders, from goroutines at once:
+// some pinned (blocks), some in their fetch's buffer, some whose pin the
+// cache refuses, some failing first and fetched again. Whatever the order,
+// nothing waits forever, every pin goes, no buffer is read after it went
+// back to its owner (each is overwritten then: a late read would make good
+// content mismatch), and a verdict, when the pass ran to the end, reaches
+// a range's fetch: every mismatch fails one.
+func TestSumChecksRandomOrder(t *testing.T) {
+	const size, n = 1000, 10
+	data := pattern(size, 7)
+	sum := contentSum(md5.Sum(data))
+	for iter := range 300 {
+		rng := rand.New(rand.NewPCG(uint64(iter), 1))
+		content := slices.Clone(data)
+		bad := rng.IntN(2) == 0
+		if bad {
+			content[rng.IntN(size)]++
+		}
+		s := newSumChecks(testLogger(t), nil)
+		if err := s.expect("a", "e", size, sum, true); err != nil {
+			t.Fatal(err)
+		}
+		flights := make([]*sumFlight, n)
+		for i := range flights {
+			flights[i] = s.begin("a", "e", int64(i)*100, 100)
+		}
+		pins := &pinCount{}
+		errs := make(chan error, 2*n)
+		var wg sync.WaitGroup
+		for _, i := range rng.Perm(n) {
+			mode, delay := rng.IntN(4), time.Duration(rng.IntN(300))*time.Microsecond
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(delay)
+				buf := slices.Clone(content[i*100 : (i+1)*100])
+				f := flights[i]
+				var err error
+				switch mode {
+				case 0: // a block of the block cache
+					err = s.endHeld(f, buf, nil, func() func() {
+						release := pins.hold()
+						return func() { release(); clear(buf) }
+					})
+				case 1: // a block the cache cannot pin
+					err = s.endHeld(f, buf, nil, func() func() { return nil })
+				case 2: // a chunk or a fill, in its fetch's buffer
+					err = s.end(f, buf, nil)
+				case 3: // a fetch that fails, fetched again
+					s.end(f, nil, errors.New("injected"))
+					err = s.end(s.begin("a", "e", f.off, 100), buf, nil)
+				}
+				if mode != 0 {
+					clear(buf)
+				}
+				errs <- err
+			}()
+		}
+		waited := make(chan struct{})
+		go func() { wg.Wait(); close(waited) }()
+		select {
+		case <-waited:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("iteration %d: ranges still waiting after 10 s", iter)
+		}
+		close(errs)
+		failed := 0
+		for err := range errs {
+			if err != nil {
+				failed++
+			}
+		}
+		verified, mismatches := s.stats()
+		switch {
+		case !bad && (mismatches != 0 || failed != 0):
+			t.Fatalf("iteration %d: good content: %d mismatches, %d ranges failed", iter, mismatches, failed)
+		case bad && verified != 0:
+			t.Fatalf("iteration %d: bad content verified", iter)
+		case bad && mismatches != 0 && failed == 0:
+			t.Fatalf("iteration %d: a mismatch no range's fetch got", iter)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for pins.held() != 0 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if n := pins.held(); n != 0 {
+			t.Fatalf("iteration %d: %d blocks still pinned", iter, n)
 		}
 	}
 }
