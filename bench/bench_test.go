@@ -220,4 +220,26 @@ func TestNewDirOfAPathInArgs(t *testing.T) {
 	if got := pathSafe("write-blobfs --cache-dir=/dev/shm/x-6.bin"); strings.ContainsRune(got, '/') {
 		t.Fatalf("a file name with a separator: %q", got)
 	}
+	// Long -compare-args made "file name too long".
+	long := "mnt-blobfs " + strings.Repeat("--readahead-blocks=4 ", 20)
+	if _, err := r.newDir(long); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := pathSafe(long+"a"), pathSafe(long+"b"); a == b || len(a) > 200 {
+		t.Fatalf("long names cut to %q and %q", a, b)
+	}
+}
+
+// -inprocess mounts fusefs with its default options: mount flags for the
+// binary are refused, not measured as if applied.
+func TestInProcessRefusesArgs(t *testing.T) {
+	for _, c := range []Config{
+		{InProcess: true, CompareArgs: []string{"--upload-concurrency=8"}},
+		{InProcess: true, BlobfsArgs: []string{"--readahead-blocks=4"}},
+	} {
+		c.Figures, c.Reps = []string{FigFaultyRead}, 1
+		if err := c.validate(); err == nil || !strings.Contains(err.Error(), "-inprocess") {
+			t.Errorf("%+v: %v, want a refusal naming -inprocess", c, err)
+		}
+	}
 }

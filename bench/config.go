@@ -254,6 +254,11 @@ func (c *Config) validate() error {
 	if c.Key == "" {
 		c.Key = blobstore.AzuriteAccountKey
 	}
+	if c.InProcess && (len(c.BlobfsArgs) > 0 || len(c.CompareArgs) > 0) {
+		// The in-process mount has fusefs's default options: flags for
+		// the binary would be measured as if applied, and are not.
+		return errors.New("bench: -inprocess serves blobfs with its default options; -blobfs-args and -compare-args need the binary")
+	}
 	if c.needsAzurite() && c.Endpoint == "" {
 		return errors.New("bench: Endpoint (Azurite's blob endpoint) is required for the Azurite figures")
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"maps"
@@ -209,13 +210,20 @@ func (r *runner) newDir(kind string) (string, error) {
 // pathSafe makes a name that may carry a client's name into one file name:
 // a client's name carries its -compare-args, and a path in them
 // ("--cache-dir=/dev/shm/x") must not become directories.
+// A long name is cut, with a hash of the whole to keep it apart from
+// others cut the same way, within a file name's 255 bytes.
 func pathSafe(name string) string {
-	return strings.Map(func(c rune) rune {
+	safe := strings.Map(func(c rune) rune {
 		if c == os.PathSeparator || c == 0 {
 			return '_'
 		}
 		return c
 	}, name)
+	const keep = 120
+	if len(safe) > keep {
+		safe = fmt.Sprintf("%s-%08x", strings.ToValidUTF8(safe[:keep], "_"), crc32.ChecksumIEEE([]byte(name)))
+	}
+	return safe
 }
 
 // unique returns a new number for names.
