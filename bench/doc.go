@@ -18,8 +18,9 @@
 //   - faulty-read, faulty-write: the same large-file transfers through an
 //     in-process mount over blobstore.NewFaulty (latency and a per-stream
 //     bandwidth cap over the in-memory store), against direct serial and
-//     parallel transfers on the same fake: how well blobfs uses
-//     parallelism where one stream is slow.
+//     parallel transfers on the same fake that do blobfs's checksum work
+//     (the MD5 of the whole set on upload, checked on a whole read): how
+//     well blobfs uses parallelism where one stream is slow.
 //   - fuse: sequential read through an in-process mount over
 //     blobstore.NewMemory, in GB/s, against go-fuse's own fuse.Server
 //     serving a file from memory: the cost of blobfs's FUSE path.

@@ -61,7 +61,8 @@ func (r *runner) faultyLabel() string {
 }
 
 // faultyRead: sequential read through blobfs over the fake, against
-// direct reads of the fake, one stream and ranged in parallel.
+// direct reads of the fake, one stream and ranged in parallel, each
+// checked against the Content-MD5 as blobfs checks it.
 func (r *runner) faultyRead(ctx context.Context) Row {
 	size := r.cfg.FaultySize
 	row := Row{ID: FigFaultyRead, Figure: fmt.Sprintf("sequential read %s checked against its Content-MD5 (%s)", human(size), r.faultyLabel()), Unit: UnitMBps, Target: Target{Min: 0.9}}
