@@ -63,20 +63,11 @@ func TestQuickAzurite(t *testing.T) {
 // skips the test where it cannot run.
 func harnessConfig(t *testing.T) Config {
 	t.Helper()
-	endpoint := os.Getenv(storetest.EnvAzurite)
-	if endpoint == "" {
-		t.Skipf("set %s=http://127.0.0.1:10000/devstoreaccount1 after `.ci/azurite.sh start` to run the benchmark harness", storetest.EnvAzurite)
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("the harness mounts with mount(2): run as root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse")
-	}
+	endpoint, key := azuriteForHarness(t, "the benchmark harness")
 	cfg := QuickConfig()
 	cfg.Endpoint = endpoint
-	if k := os.Getenv(storetest.EnvAzuriteKey); k != "" {
-		cfg.Key = k
+	if key != "" {
+		cfg.Key = key
 	}
 	cfg.BlobfsBin = buildBlobfs(t)
 	cfg.WorkDir = t.TempDir()
@@ -85,6 +76,25 @@ func harnessConfig(t *testing.T) Config {
 	// machine's page cache under them.
 	cfg.DropCaches = false
 	return cfg
+}
+
+// azuriteForHarness returns the Azurite endpoint named by
+// $BLOBFS_TEST_AZURITE and its key ("" for the default), or skips the test
+// where a harness that mounts cannot run: no Azurite, not root, no
+// /dev/fuse. what names the test in the skip message.
+func azuriteForHarness(t *testing.T, what string) (endpoint, key string) {
+	t.Helper()
+	endpoint = os.Getenv(storetest.EnvAzurite)
+	if endpoint == "" {
+		t.Skipf("set %s=http://127.0.0.1:10000/devstoreaccount1 after `.ci/azurite.sh start` to run %s", storetest.EnvAzurite, what)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the harness mounts with mount(2): run as root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+	return endpoint, os.Getenv(storetest.EnvAzuriteKey)
 }
 
 // logReport logs a report's tables, fails the test if a row failed, and

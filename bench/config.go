@@ -181,10 +181,11 @@ type Config struct {
 	// FreshAzurite, if set, is a shell command run before every Azurite
 	// figure but the first, and before every timed write of seq-write,
 	// which must leave an empty Azurite at Endpoint (restart an
-	// in-memory one); the container is created again. An in-memory Azurite frees a figure's deleted blobs only in
-	// a garbage collection minutes later, which then takes a CPU for
-	// tens of seconds in the middle of another figure: seen as a
-	// baseline's repetitions taking 4.9, 8.0 and 8.7 s in one row.
+	// in-memory one); the container is created again. An in-memory
+	// Azurite frees a figure's deleted blobs only in a garbage
+	// collection minutes later, which then takes a CPU for tens of
+	// seconds in the middle of another figure: seen as a baseline's
+	// repetitions taking 4.9, 8.0 and 8.7 s in one row.
 	FreshAzurite string
 	// Log receives progress lines: every timing as it is taken. Nil
 	// discards them.

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/blobfs/blobfs/blobstore/storetest"
 )
 
 func TestMain(m *testing.M) {
@@ -32,23 +30,14 @@ func TestMain(m *testing.M) {
 // handoff, reads through every mount after each (the probe checks their
 // content), the streaming reader unharmed, and finite times.
 func TestRestartQuickAzurite(t *testing.T) {
-	endpoint := os.Getenv(storetest.EnvAzurite)
-	if endpoint == "" {
-		t.Skipf("set %s=http://127.0.0.1:10000/devstoreaccount1 after `.ci/azurite.sh start` to run the restart benchmark", storetest.EnvAzurite)
-	}
 	if testing.Short() {
 		t.Skip("the restart benchmark runs real driver processes: not in -short")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("the driver mounts with mount(2): run as root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse")
-	}
+	endpoint, key := azuriteForHarness(t, "the restart benchmark")
 	cfg := QuickRestartConfig()
 	cfg.Endpoint = endpoint
-	if k := os.Getenv(storetest.EnvAzuriteKey); k != "" {
-		cfg.Key = k
+	if key != "" {
+		cfg.Key = key
 	}
 	cfg.StreamSize = 4 * MiB
 	cfg.BlobfsBin = buildBlobfs(t)

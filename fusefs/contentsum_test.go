@@ -460,13 +460,7 @@ func TestSumChecksHashOutsideLock(t *testing.T) {
 		t.Fatalf("the new pass: verified %d, mismatches %d; want 1, 0", v, m)
 	}
 	gate.open()
-	deadline := time.Now().Add(5 * time.Second)
-	for pins.held() != 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if n := pins.held(); n != 0 {
-		t.Fatalf("%d blocks still pinned after the old hasher finished", n)
-	}
+	waitFor(t, "the old hasher to unpin its block", func() bool { return pins.held() == 0 })
 	if v, m := s.stats(); v != 1 || m != 0 {
 		t.Fatalf("after the old hasher: verified %d, mismatches %d; want 1, 0", v, m)
 	}
@@ -599,13 +593,7 @@ func TestSumChecksRandomOrder(t *testing.T) {
 		case bad && mismatches != 0 && failed == 0:
 			t.Fatalf("iteration %d: a mismatch no range's fetch got", iter)
 		}
-		deadline := time.Now().Add(5 * time.Second)
-		for pins.held() != 0 && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
-		if n := pins.held(); n != 0 {
-			t.Fatalf("iteration %d: %d blocks still pinned", iter, n)
-		}
+		waitFor(t, fmt.Sprintf("iteration %d: every pin released", iter), func() bool { return pins.held() == 0 })
 	}
 }
 
