@@ -290,7 +290,14 @@ func (r *runner) settle() {
 type side struct {
 	name     string
 	optional bool // an other client: its failure does not fail the figure
-	run      func(ctx context.Context) (time.Duration, error)
+	// prepare, when set, runs before each of run's repetitions, as a
+	// strategy's does (a fresh Azurite, say), outside what the
+	// repetition's timing line reports.
+	prepare func() error
+	run     func(ctx context.Context) (time.Duration, error)
+	// check, when set, runs after each repetition, also outside its
+	// timing line: an untimed read-back of what run wrote, say.
+	check func(ctx context.Context) error
 }
 
 // outcome is the best time of each side of a comparison.
@@ -319,6 +326,7 @@ func (r *runner) compare(ctx context.Context, fig, kind string, value func(time.
 			best[name] = d
 		}
 	}
+	storeCPU := r.storeCPUMeter(fig)
 	timeStrategy := func(s strategy, label string) (time.Duration, error) {
 		if s.prepare != nil {
 			if err := s.prepare(); err != nil {
@@ -326,17 +334,19 @@ func (r *runner) compare(ctx context.Context, fig, kind string, value func(time.
 			}
 		}
 		r.settle()
+		cpu := storeCPU()
 		start := time.Now()
 		if err := s.run(ctx); err != nil {
 			return 0, fmt.Errorf("%s %s: %w", kind, s.name, err)
 		}
 		d := time.Since(start)
+		used := cpu()
 		if s.check != nil {
 			if err := s.check(ctx); err != nil {
 				return 0, fmt.Errorf("%s %s: %w", kind, s.name, err)
 			}
 		}
-		r.detail("%-13s %-7s %-40s %8.3f s  %s", fig, label, kind+" "+s.name, d.Seconds(), value(d))
+		r.detail("%-13s %-7s %-40s %8.3f s  %s%s", fig, label, kind+" "+s.name, d.Seconds(), value(d), used)
 		return d, nil
 	}
 	failed := map[string]bool{}
@@ -344,7 +354,23 @@ func (r *runner) compare(ctx context.Context, fig, kind string, value func(time.
 		if failed[s.name] {
 			return nil
 		}
-		d, err := s.run(ctx)
+		var cpu func() string
+		var d time.Duration
+		err := error(nil)
+		if s.prepare != nil {
+			err = s.prepare()
+		}
+		if err == nil {
+			cpu = storeCPU()
+			d, err = s.run(ctx)
+		}
+		used := ""
+		if cpu != nil {
+			used = cpu()
+		}
+		if err == nil && s.check != nil {
+			err = s.check(ctx)
+		}
 		if err != nil {
 			if !s.optional {
 				return fmt.Errorf("%s: %w", s.name, err)
@@ -353,7 +379,7 @@ func (r *runner) compare(ctx context.Context, fig, kind string, value func(time.
 			r.detail("%-13s %-7s %-40s failed: %v", fig, label, s.name, err)
 			return nil
 		}
-		r.detail("%-13s %-7s %-40s %8.3f s  %s", fig, label, s.name, d.Seconds(), value(d))
+		r.detail("%-13s %-7s %-40s %8.3f s  %s%s", fig, label, s.name, d.Seconds(), value(d), used)
 		keep(s.name, d)
 		return nil
 	}
