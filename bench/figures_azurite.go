@@ -179,13 +179,14 @@ func (r *runner) seqWrite(ctx context.Context) Row {
 			return nil
 		}
 	}
-	// Once per client, untimed and outside the Azurite CPU of the
-	// repetition: the blob holds what was written.
+	// After each repetition, untimed and outside its Azurite CPU (as the
+	// baseline's check): the blob is deleted, and the first of each
+	// client is read back first, to check that it holds what was
+	// written.
 	verified := map[string]bool{}
-	toVerify := ""
+	written, toVerify := "", false
 	contenders := r.clientSides(func(ctx context.Context, c client) (time.Duration, error) {
 		name := pathSafe(fmt.Sprintf("write-%s-%d.bin", c.name, r.unique()))
-		toVerify = ""
 		d, err := r.withMount(ctx, c, func(dir string) (time.Duration, error) {
 			r.settle()
 			return r.timeUntilDurable(ctx, c.name, func(interrupted *int) error {
@@ -195,21 +196,21 @@ func (r *runner) seqWrite(ctx context.Context) Row {
 				return n == size, err
 			})
 		})
-		if err == nil && !verified[c.name] {
-			verified[c.name] = true
-			toVerify = name // readBack deletes it
-		} else {
+		if err != nil {
+			// No check follows a failed repetition.
 			r.az.delete(context.Background(), name)
+			return 0, err
 		}
-		return d, err
+		written, toVerify = name, !verified[c.name]
+		verified[c.name] = true
+		return d, nil
 	})
 	readBack := func(ctx context.Context) error {
-		name := toVerify
-		if name == "" {
+		name := written
+		defer r.az.delete(context.Background(), name)
+		if !toVerify {
 			return nil
 		}
-		toVerify = ""
-		defer r.az.delete(context.Background(), name)
 		dst := r.scratchBuf()
 		clear(dst)
 		n, err := r.az.download(ctx, name, dst)

@@ -295,8 +295,9 @@ type side struct {
 	// repetition's timing line reports.
 	prepare func() error
 	run     func(ctx context.Context) (time.Duration, error)
-	// check, when set, runs after each repetition, also outside its
-	// timing line: an untimed read-back of what run wrote, say.
+	// check, when set, runs after each repetition that succeeded, also
+	// outside its timing line: an untimed read-back of what run wrote,
+	// say, or its deletion.
 	check func(ctx context.Context) error
 }
 
@@ -358,7 +359,9 @@ func (r *runner) compare(ctx context.Context, fig, kind string, value func(time.
 		var d time.Duration
 		err := error(nil)
 		if s.prepare != nil {
-			err = s.prepare()
+			if err = s.prepare(); err == nil {
+				r.settle() // as a strategy's: what prepare left going
+			}
 		}
 		if err == nil {
 			cpu = storeCPU()

@@ -2,7 +2,9 @@ package bench
 
 import (
 	"bufio"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
@@ -13,27 +15,41 @@ import (
 	"time"
 )
 
+// storeProc is one process: its pid and its start time (in clock ticks
+// since boot), which together tell it from a later process given the
+// same pid.
+type storeProc struct {
+	pid   int
+	start uint64
+}
+
 // storeCPU reports the CPU time the process serving the Azurite endpoint
 // has used so far, when that process is on this machine and readable
 // (found anew at every call: -fresh-azurite replaces it). A figure's
-// time on Azurite is mostly Azurite's own: it answers on one JavaScript
-// thread, which shares the machine's CPUs with the client. How much of
-// it a side's requests cost is what tells two request shapes apart
-// where the wall times are within the noise, so every timing line on
-// Azurite carries it.
-func (a *azureEnv) storeCPU() (pid int, cpu time.Duration, ok bool) {
+// time on Azurite is mostly Azurite's own: its JavaScript runs on one
+// thread (its CPU time can exceed the wall time by a tenth or so: the
+// garbage collector's and I/O threads), and it shares the machine's CPUs
+// with the client. How much of it a side's requests cost is what tells
+// two request shapes apart where the wall times are within the noise,
+// so the timing lines of compare carry it.
+func (a *azureEnv) storeCPU() (storeProc, time.Duration, bool) {
 	if a == nil {
-		return 0, 0, false
+		return storeProc{}, 0, false
 	}
 	port, ok := loopbackPort(a.endpoint)
 	if !ok {
-		return 0, 0, false
+		return storeProc{}, 0, false
 	}
-	if pid, ok = tcpListener(port); !ok {
-		return 0, 0, false
+	pid, ok := tcpListener(port)
+	if !ok {
+		return storeProc{}, 0, false
 	}
-	cpu, ok = processCPU(pid)
-	return pid, cpu, ok
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return storeProc{}, 0, false
+	}
+	cpu, start, ok := parseStat(string(b))
+	return storeProc{pid, start}, cpu, ok
 }
 
 // loopbackPort returns the port of endpoint when its host is a loopback
@@ -56,13 +72,19 @@ func loopbackPort(endpoint string) (int, bool) {
 }
 
 // tcpListener returns the pid of a process holding a TCP socket that
-// listens on port, from /proc/net/tcp{,6} and the processes' fds.
+// listens on port on a loopback or wildcard address, from
+// /proc/net/tcp{,6} and the processes' fds.
 func tcpListener(port int) (int, bool) {
 	inodes := map[string]bool{}
 	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		for inode := range listeningInodes(table, port) {
+		f, err := os.Open(table)
+		if err != nil {
+			continue
+		}
+		for _, inode := range listeningInodes(f, port) {
 			inodes[inode] = true
 		}
+		f.Close()
 	}
 	if len(inodes) == 0 {
 		return 0, false
@@ -84,16 +106,13 @@ func tcpListener(port int) (int, bool) {
 	return 0, false
 }
 
-// listeningInodes returns the socket inodes of table's rows in state
-// LISTEN (0A) on port.
-func listeningInodes(table string, port int) map[string]bool {
-	out := map[string]bool{}
-	f, err := os.Open(table)
-	if err != nil {
-		return out
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
+// listeningInodes returns the socket inodes of the rows of a
+// /proc/net/tcp or tcp6 table in state LISTEN (0A) on port, on a
+// loopback or wildcard address: a socket on another address (a
+// container's proxy on the host's, say) is not the endpoint's.
+func listeningInodes(table io.Reader, port int) []string {
+	var out []string
+	sc := bufio.NewScanner(table)
 	sc.Scan() // the header
 	for sc.Scan() {
 		// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
@@ -101,62 +120,77 @@ func listeningInodes(table string, port int) map[string]bool {
 		if len(fields) < 10 || fields[3] != "0A" {
 			continue
 		}
-		_, hexPort, ok := strings.Cut(fields[1], ":")
-		if p, err := strconv.ParseInt(hexPort, 16, 32); ok && err == nil && int(p) == port {
-			out[fields[9]] = true
+		hexIP, hexPort, ok := strings.Cut(fields[1], ":")
+		p, err := strconv.ParseUint(hexPort, 16, 16)
+		if !ok || err != nil || int(p) != port {
+			continue
+		}
+		if ip, ok := procNetIP(hexIP); ok && (ip.IsLoopback() || ip.IsUnspecified()) {
+			out = append(out, fields[9])
 		}
 	}
 	return out
+}
+
+// procNetIP decodes an address of /proc/net/tcp{,6}: the bytes in hex,
+// each 32-bit word in the machine's order, little-endian on every
+// machine this runs on.
+func procNetIP(s string) (net.IP, bool) {
+	b, err := hex.DecodeString(s)
+	if err != nil || (len(b) != 4 && len(b) != 16) {
+		return nil, false
+	}
+	for w := 0; w < len(b); w += 4 {
+		slices.Reverse(b[w : w+4])
+	}
+	return net.IP(b), true
 }
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on
 // every Linux architecture Go runs on.
 const clockTicks = 100
 
-// processCPU returns the user and system time of pid, all its threads,
-// from /proc/PID/stat.
-func processCPU(pid int) (time.Duration, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	// The command name, field 2, is in parentheses and may hold spaces:
-	// count from the last ')'.
-	i := strings.LastIndexByte(string(b), ')')
+// parseStat returns the user plus system time of all the threads of a
+// process, and its start time, from the text of /proc/PID/stat.
+func parseStat(stat string) (cpu time.Duration, start uint64, ok bool) {
+	// The command name, field 2, is in parentheses and may hold spaces
+	// and parentheses: count from the last ')'.
+	i := strings.LastIndexByte(stat, ')')
 	if i < 0 {
-		return 0, false
+		return 0, 0, false
 	}
-	fields := strings.Fields(string(b[i+1:]))
-	// fields[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(fields) < 13 {
-		return 0, false
+	fields := strings.Fields(stat[i+1:])
+	// fields[0] is field 3 (state); utime, stime and starttime are
+	// fields 14, 15 and 22.
+	if len(fields) < 20 {
+		return 0, 0, false
 	}
-	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
-	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, false
+	utime, err1 := strconv.ParseUint(fields[11], 10, 64)
+	stime, err2 := strconv.ParseUint(fields[12], 10, 64)
+	start, err3 := strconv.ParseUint(fields[19], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return 0, 0, false
 	}
-	return time.Duration(utime+stime) * time.Second / clockTicks, true
+	return time.Duration(utime+stime) * time.Second / clockTicks, start, true
 }
 
 // storeCPUMeter returns, for an Azurite figure whose Azurite runs on this
 // machine, a meter: called before a timed phase, it returns a function
 // that, called after it, says how much CPU Azurite used in between, as
 // a suffix for the phase's timing line. Otherwise the suffix is empty.
-// A side's phase includes its mount and unmount (a few requests).
 func (r *runner) storeCPUMeter(fig string) func() func() string {
 	none := func() string { return "" }
 	if r.az == nil || !slices.Contains(azuriteFigures, fig) {
 		return func() func() string { return none }
 	}
 	return func() func() string {
-		pid, before, ok := r.az.storeCPU()
+		proc, before, ok := r.az.storeCPU()
 		if !ok {
 			return none
 		}
 		return func() string {
 			again, after, ok := r.az.storeCPU()
-			if !ok || again != pid {
+			if !ok || again != proc || after < before {
 				// Not readable now, or Azurite restarted in between.
 				return ""
 			}

@@ -3,7 +3,10 @@ package bench
 import (
 	"net"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -32,34 +35,94 @@ func TestLoopbackPort(t *testing.T) {
 	}
 }
 
+func TestListeningInodes(t *testing.T) {
+	// Rows as the kernel writes them; port 10006 is 2716 in hex.
+	tcp := `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:2716 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1001 1 0000000000000000 100 0 0 10 0
+   1: 00000000:2716 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1002 1 0000000000000000 100 0 0 10 0
+   2: 0500000A:2716 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1003 1 0000000000000000 100 0 0 10 0
+   3: 0100007F:2716 0100007F:A000 01 00000000:00000000 00:00000000 00000000     0        0 1004 1 0000000000000000 100 0 0 10 0
+   4: 0100007F:2717 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1005 1 0000000000000000 100 0 0 10 0
+`
+	// 1001: 127.0.0.1, 1002: 0.0.0.0, listening; 1003 on 10.0.0.5 is
+	// someone else's; 1004 is a connection, 1005 another port.
+	if got, want := listeningInodes(strings.NewReader(tcp), 10006), []string{"1001", "1002"}; !slices.Equal(got, want) {
+		t.Errorf("tcp: %v, want %v", got, want)
+	}
+	tcp6 := `  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000001000000:2716 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2001 1 0000000000000000 100 0 0 10 0
+   1: 00000000000000000000000000000000:2716 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2002 1 0000000000000000 100 0 0 10 0
+   2: 0000000000000000FFFF00000100007F:2716 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2003 1 0000000000000000 100 0 0 10 0
+   3: B80D0120000000000000000001000000:2716 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2004 1 0000000000000000 100 0 0 10 0
+`
+	// ::1, ::, ::ffff:127.0.0.1; not 2001:db8::1.
+	if got, want := listeningInodes(strings.NewReader(tcp6), 10006), []string{"2001", "2002", "2003"}; !slices.Equal(got, want) {
+		t.Errorf("tcp6: %v, want %v", got, want)
+	}
+}
+
+func TestParseStat(t *testing.T) {
+	// A command name with ") " in it, as a process may name itself;
+	// utime 250, stime 130 ticks, start 987654.
+	stat := "4242 (node) (x) S 1 4242 4242 0 -1 4194560 5000 0 0 0 250 130 0 0 20 0 11 0 987654 1234567 890 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0"
+	cpu, start, ok := parseStat(stat)
+	if !ok || cpu != 3800*time.Millisecond || start != 987654 {
+		t.Errorf("parseStat = %v, %d, %v; want 3.8s, 987654, true", cpu, start, ok)
+	}
+	for _, bad := range []string{"", "4242 node S 1", "4242 (node) S 1 2 3"} {
+		if _, _, ok := parseStat(bad); ok {
+			t.Errorf("parseStat(%q) succeeded", bad)
+		}
+	}
+}
+
 // TestStoreCPUFindsListener: the meter finds the process listening on the
-// endpoint's port (this test, here) and reads a CPU time that grows as
-// the process works.
+// endpoint's port (this test, here) and reads its CPU time, which agrees
+// with what getrusage says this process used.
 func TestStoreCPUFindsListener(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	for _, network := range []struct{ addr, host string }{{"127.0.0.1:0", "127.0.0.1"}, {"[::1]:0", "[::1]"}} {
+		l, err := net.Listen("tcp", network.addr)
+		if err != nil {
+			if network.host == "[::1]" {
+				t.Logf("no IPv6 loopback here: %v", err)
+				continue
+			}
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		a := &azureEnv{endpoint: "http://" + network.host + ":" + strconv.Itoa(port) + "/devstoreaccount1"}
+		proc, before, ok := a.storeCPU()
+		if !ok || proc.pid != os.Getpid() {
+			t.Fatalf("%s: storeCPU = pid %d, ok %v; want this process, %d", network.addr, proc.pid, ok, os.Getpid())
+		}
+		ruBefore := rusageCPU(t)
+		// Spin until getrusage says 300 ms of CPU went by (30 ticks).
+		for deadline := time.Now().Add(10 * time.Second); rusageCPU(t)-ruBefore < 300*time.Millisecond; {
+			if time.Now().After(deadline) {
+				t.Fatal("300 ms of CPU took more than 10 s")
+			}
+		}
+		again, after, ok := a.storeCPU()
+		ruUsed := rusageCPU(t) - ruBefore
+		if !ok || again != proc {
+			t.Fatalf("%s: second reading: %+v, ok %v; want %+v", network.addr, again, ok, proc)
+		}
+		// /proc counts in ticks of 10 ms; other goroutines of the test
+		// binary (the GC) run meanwhile too.
+		if used := after - before; used < ruUsed-50*time.Millisecond || used > ruUsed+200*time.Millisecond {
+			t.Errorf("%s: /proc says %v of CPU, getrusage %v", network.addr, used, ruUsed)
+		}
+		l.Close()
+		if proc, _, ok := a.storeCPU(); ok {
+			t.Fatalf("%s: storeCPU found pid %d on a closed port", network.addr, proc.pid)
+		}
+	}
+}
+
+func rusageCPU(t *testing.T) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	port := l.Addr().(*net.TCPAddr).Port
-	a := &azureEnv{endpoint: "http://127.0.0.1:" + strconv.Itoa(port) + "/devstoreaccount1"}
-	pid, before, ok := a.storeCPU()
-	if !ok || pid != os.Getpid() {
-		t.Fatalf("storeCPU = pid %d, ok %v; want this process, %d", pid, ok, os.Getpid())
-	}
-	// Spin for a little over a clock tick's worth of CPU several times over.
-	deadline := time.Now().Add(200 * time.Millisecond)
-	x := 0
-	for time.Now().Before(deadline) {
-		x++
-	}
-	_, after, ok := a.storeCPU()
-	if !ok || after <= before {
-		t.Fatalf("CPU went from %v to %v (ok %v) over 200 ms of spinning", before, after, ok)
-	}
-	l.Close()
-	if pid, _, ok := a.storeCPU(); ok {
-		t.Fatalf("storeCPU found pid %d on a closed port", pid)
-	}
-	_ = x
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
