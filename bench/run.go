@@ -355,25 +355,21 @@ func (r *runner) compare(ctx context.Context, fig, kind string, value func(time.
 		if failed[s.name] {
 			return nil
 		}
-		var cpu func() string
-		var d time.Duration
-		err := error(nil)
-		if s.prepare != nil {
-			if err = s.prepare(); err == nil {
+		d, used, err := func() (time.Duration, string, error) {
+			if s.prepare != nil {
+				if err := s.prepare(); err != nil {
+					return 0, "", err
+				}
 				r.settle() // as a strategy's: what prepare left going
 			}
-		}
-		if err == nil {
-			cpu = storeCPU()
-			d, err = s.run(ctx)
-		}
-		used := ""
-		if cpu != nil {
-			used = cpu()
-		}
-		if err == nil && s.check != nil {
-			err = s.check(ctx)
-		}
+			cpu := storeCPU()
+			d, err := s.run(ctx)
+			used := cpu()
+			if err == nil && s.check != nil {
+				err = s.check(ctx)
+			}
+			return d, used, err
+		}()
 		if err != nil {
 			if !s.optional {
 				return fmt.Errorf("%s: %w", s.name, err)
