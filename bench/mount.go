@@ -395,17 +395,24 @@ func parentOf(p int) (int, bool) {
 	case <-time.After(procStatTimeout):
 		return 0, false
 	}
-	// pid (comm) state ppid ...; comm may hold spaces and ')'.
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(s[i+1:])
+	f := statFields(s) // state ppid ...
 	if len(f) < 2 {
 		return 0, false
 	}
 	ppid, err := strconv.Atoi(f[1])
 	return ppid, err == nil
+}
+
+// statFields returns the fields of a /proc/PID/stat text from the third
+// (the state) on: the second, the command name, is in parentheses and
+// may hold spaces and ')', so they are counted from the last ')'. nil if
+// there is none.
+func statFields(stat string) []string {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(stat[i+1:])
 }
 
 // sampleRSS samples pid's resident set every 50 ms until the returned stop

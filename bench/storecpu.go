@@ -33,23 +33,36 @@ type storeProc struct {
 // two request shapes apart where the wall times are within the noise,
 // so the timing lines of compare carry it.
 func (a *azureEnv) storeCPU() (storeProc, time.Duration, bool) {
-	if a == nil {
+	proc, ok := a.storeProcess()
+	if !ok {
 		return storeProc{}, 0, false
+	}
+	return proc.cpu()
+}
+
+// storeProcess finds the process listening on the endpoint's loopback
+// port.
+func (a *azureEnv) storeProcess() (storeProc, bool) {
+	if a == nil {
+		return storeProc{}, false
 	}
 	port, ok := loopbackPort(a.endpoint)
 	if !ok {
-		return storeProc{}, 0, false
+		return storeProc{}, false
 	}
 	pid, ok := tcpListener(port)
-	if !ok {
-		return storeProc{}, 0, false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	return storeProc{pid: pid}, ok
+}
+
+// cpu reads the process's CPU time so far and returns it with the
+// process as it is now (its start time filled in).
+func (p storeProc) cpu() (storeProc, time.Duration, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid))
 	if err != nil {
 		return storeProc{}, 0, false
 	}
 	cpu, start, ok := parseStat(string(b))
-	return storeProc{pid, start}, cpu, ok
+	return storeProc{p.pid, start}, cpu, ok
 }
 
 // loopbackPort returns the port of endpoint when its host is a loopback
@@ -153,15 +166,8 @@ const clockTicks = 100
 // parseStat returns the user plus system time of all the threads of a
 // process, and its start time, from the text of /proc/PID/stat.
 func parseStat(stat string) (cpu time.Duration, start uint64, ok bool) {
-	// The command name, field 2, is in parentheses and may hold spaces
-	// and parentheses: count from the last ')'.
-	i := strings.LastIndexByte(stat, ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	fields := strings.Fields(stat[i+1:])
-	// fields[0] is field 3 (state); utime, stime and starttime are
-	// fields 14, 15 and 22.
+	// utime, stime and starttime are fields 14, 15 and 22.
+	fields := statFields(stat)
 	if len(fields) < 20 {
 		return 0, 0, false
 	}
@@ -189,7 +195,8 @@ func (r *runner) storeCPUMeter(fig string) func() func() string {
 			return none
 		}
 		return func() string {
-			again, after, ok := r.az.storeCPU()
+			// The same process, if it still runs: no second search.
+			again, after, ok := proc.cpu()
 			if !ok || again != proc || after < before {
 				// Not readable now, or Azurite restarted in between.
 				return ""
