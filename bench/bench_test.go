@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -56,7 +57,39 @@ func TestQuickAzurite(t *testing.T) {
 			t.Errorf("figure %s has no line in the table", id)
 		}
 	}
+	checkStoreCPUOnTimings(t, rep.Details)
 }
+
+// checkStoreCPUOnTimings: where the Azurite CPU meter could read Azurite
+// at all (its process on this machine, in this PID namespace), every
+// timing line of an Azurite figure carries it.
+func checkStoreCPUOnTimings(t *testing.T, details []string) {
+	t.Helper()
+	const meter = "(Azurite CPU "
+	var timings []string
+	for _, line := range details {
+		fig, _, _ := strings.Cut(line, " ")
+		if !slices.Contains(azuriteFigures, fig) {
+			continue
+		}
+		// compare's lines end with a value and a unit; the write-back
+		// figures' with the time until durable.
+		if timingLine.MatchString(line) {
+			timings = append(timings, line)
+		}
+	}
+	if !slices.ContainsFunc(timings, func(l string) bool { return strings.Contains(l, meter) }) {
+		t.Logf("no timing line carries the Azurite CPU meter: Azurite's process is not readable here")
+		return
+	}
+	for _, l := range timings {
+		if !strings.Contains(l, meter) {
+			t.Errorf("a timing line of an Azurite figure lacks the Azurite CPU meter: %q", l)
+		}
+	}
+}
+
+var timingLine = regexp.MustCompile(`\d\.\d{3} s  \S|durable +\d+\.\d{3} s`)
 
 // harnessConfig returns QuickConfig for a test of the harness against the
 // Azurite named by $BLOBFS_TEST_AZURITE, with a blobfs built for it, or

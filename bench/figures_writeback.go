@@ -27,6 +27,7 @@ func (r *runner) writeBackCompare(ctx context.Context, row Row, value func(time.
 		{"write-back", blobfsVariant(&r.cfg, r.az, blobfsName, []string{"--write-back"})},
 	}
 	best := map[string]wbTimes{}
+	storeCPU := r.storeCPUMeter(row.ID)
 	for rep := 1; rep <= r.cfg.Reps; rep++ {
 		order := []int{0, 1}
 		if rep%2 == 0 {
@@ -36,8 +37,10 @@ func (r *runner) writeBackCompare(ctx context.Context, row Row, value func(time.
 			m := modes[i]
 			id := rep*2 + i
 			var t wbTimes
+			used := ""
 			_, err := r.withMount(ctx, m.c, func(dir string) (time.Duration, error) {
 				r.settle()
+				cpu := storeCPU()
 				start := time.Now()
 				if err := write(ctx, dir, id); err != nil {
 					return 0, err
@@ -47,6 +50,7 @@ func (r *runner) writeBackCompare(ctx context.Context, row Row, value func(time.
 					return 0, fmt.Errorf("after close: %w", err)
 				}
 				t.durable = time.Since(start)
+				used = cpu() // until durable: the uploads are the work
 				return t.closed, nil
 			})
 			cleanup(id)
@@ -54,7 +58,7 @@ func (r *runner) writeBackCompare(ctx context.Context, row Row, value func(time.
 				row.Err = fmt.Errorf("%s: %w", m.name, err)
 				return row
 			}
-			r.detail("%-13s rep %d  %-10s closed %8.3f s  durable %8.3f s", row.ID, rep, m.name, t.closed.Seconds(), t.durable.Seconds())
+			r.detail("%-13s rep %d  %-10s closed %8.3f s  durable %8.3f s%s", row.ID, rep, m.name, t.closed.Seconds(), t.durable.Seconds(), used)
 			if b, ok := best[m.name]; !ok || t.closed < b.closed {
 				best[m.name] = t
 			}
