@@ -37,6 +37,14 @@ import (
 // ahead for lru when read, or when their handle seeks elsewhere or closes
 // (demote).
 //
+// A stream through a blob larger than the cache passes its blocks (pass):
+// they go to the back of lru, and their buffers are taken for the next
+// blocks before the cache grows or evicts anything else. LRU keeps the
+// blocks of such a scan for nothing (a second pass from the start evicts
+// them before it gets there), while they pushed out every other file's
+// blocks and made a fresh mount take the whole cache's memory, instead of
+// its read-ahead window's.
+//
 // Concurrent readers of the same block share one GET. A failed fetch is
 // forgotten once its waiters have seen the error, so the next read retries.
 //
@@ -96,6 +104,10 @@ type block struct {
 	queued bool
 	qelem  *list.Element
 	size   int64
+	// passed: a stream read past it in a blob larger than the cache
+	// (pass); it waits at the back of lru, first to go. A read, or
+	// another stream's read-ahead asking for it, clears it.
+	passed bool
 }
 
 func newBlockCache(store blobstore.Store, blockSize, capacity int64, maxFetches int) *blockCache {
@@ -240,6 +252,7 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 		c.hits++
 		c.pinLocked(b)
 		c.disownLocked(b) // read: evictable like any other
+		b.passed = false  // read again: wanted after all
 		queued := b.queued
 		if queued {
 			// Still waiting for a slot: a reader must not wait
@@ -308,7 +321,14 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 		return false
 	}
 	c.mu.Lock()
-	if c.blocks[key] != nil {
+	if b := c.blocks[key]; b != nil {
+		if b.passed {
+			// Another stream of the same blob is coming: keep it.
+			b.passed = false
+			if b.elem != nil {
+				c.lru.MoveToFront(b.elem)
+			}
+		}
 		c.mu.Unlock()
 		return true
 	}
@@ -538,8 +558,29 @@ func (c *blockCache) unpin(b *block) {
 		c.releaseBufLocked(b.buf)
 		return
 	}
-	b.elem = c.listOf(b).PushFront(b)
+	if b.passed {
+		b.elem = c.lru.PushBack(b)
+	} else {
+		b.elem = c.listOf(b).PushFront(b)
+	}
 	c.cond.Signal()
+}
+
+// pass marks block key as passed by a stream (see blockCache): unless it is
+// read again first, its buffer is the next one taken. Blocks read ahead and
+// not read yet, or still queued, are left alone.
+func (c *blockCache) pass(key blockKey) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.blocks[key]
+	if b == nil || b.owner != 0 || b.queued || b.passed {
+		return
+	}
+	b.passed = true
+	if b.elem != nil {
+		c.lru.Remove(b.elem)
+		b.elem = c.lru.PushBack(b)
+	} // pinned: unpin puts it at the back
 }
 
 // disownLocked clears b's owner.
@@ -553,12 +594,13 @@ func (c *blockCache) disownLocked(b *block) {
 	b.owner = 0
 }
 
-// reserveLocked returns a buffer of n bytes: a free full-size one, the
-// memory of the least recently used read blocks, or, while the bytes
-// allowed are not all used, nil and true: the caller allocates a new one,
-// outside mu (faulting in fresh memory takes milliseconds). With demand (a
-// reader is waiting for the block) it may also take the oldest unread
-// read-ahead blocks', and it blocks until a block is unpinned.
+// reserveLocked returns a buffer of n bytes, the first of: a free
+// full-size one; a passed block's; while the bytes allowed are not all
+// used, nil and true (the caller allocates a new one, outside mu: faulting
+// in fresh memory takes milliseconds); the least recently used read
+// block's. With demand (a reader is waiting for the block) it may also take
+// the oldest unread read-ahead blocks', and it blocks until a block is
+// unpinned.
 func (c *blockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
 	reclaimed := false
 	for {
@@ -566,6 +608,15 @@ func (c *blockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
 			buf := c.free[k-1]
 			c.free = c.free[:k-1]
 			return buf[:n], true
+		}
+		if e := c.lru.Back(); e != nil && e.Value.(*block).passed {
+			// Before growing: a passed block's memory.
+			b := c.evictLocked(c.lru)
+			if int64(cap(b.buf)) == n {
+				return b.buf[:n], true
+			}
+			c.dropBufLocked(b.buf)
+			continue
 		}
 		if c.used+n <= c.capacity && c.budgetAllowsLocked(n) {
 			c.addUsedLocked(n)

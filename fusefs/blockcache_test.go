@@ -170,3 +170,108 @@ func TestBlockBufPool(t *testing.T) {
 		t.Fatal("trimmed buffer still recorded as mapped")
 	}
 }
+
+// TestBlockCachePassedBlocksGoFirst: the buffer of a block a stream has
+// passed is taken for the next block before the cache grows or evicts
+// another file's block, and a passed block read again is kept like any
+// other.
+func TestBlockCachePassedBlocksGoFirst(t *testing.T) {
+	ctx := context.Background()
+	mem := blobstore.NewMemory()
+	const bs = 64 << 10
+	putBlob(t, mem, "hot", pattern(bs, 1), nil)
+	big := pattern(16*bs, 2)
+	putBlob(t, mem, "big", big, nil)
+	hot, err := mem.Stat(ctx, "hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := mem.Stat(ctx, "big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newBlockCache(mem, bs, 8*bs, 4)
+	p := make([]byte, bs)
+	read := func(name, etag string, size, idx int64) {
+		t.Helper()
+		if _, err := c.read(ctx, name, etag, size, p, idx*bs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	used := func() int64 {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.used / bs
+	}
+	cached := func(name, etag string, idx int64) bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.blocks[blockKey{name, etag, idx}] != nil
+	}
+	key := func(i int64) blockKey { return blockKey{"big", a.ETag, i} }
+
+	read("hot", hot.ETag, hot.Size, 0)
+	for i := range int64(4) {
+		read("big", a.ETag, a.Size, i)
+	}
+	if got := used(); got != 5 {
+		t.Fatalf("%d blocks of buffers after 5 blocks read, want 5", got)
+	}
+	c.pass(key(0))
+	c.pass(key(1))
+	// Blocks 4 and 5 take the passed blocks' buffers: no growth.
+	read("big", a.ETag, a.Size, 4)
+	read("big", a.ETag, a.Size, 5)
+	if got := used(); got != 5 {
+		t.Errorf("%d blocks of buffers after reading two blocks in place of two passed ones, want 5", got)
+	}
+	if cached("big", a.ETag, 0) || cached("big", a.ETag, 1) {
+		t.Error("a passed block is still cached after its buffer was needed")
+	}
+	for _, i := range []int64{2, 3, 4, 5} {
+		if !cached("big", a.ETag, i) {
+			t.Errorf("block %d was evicted, with passed blocks to take", i)
+		}
+	}
+	if !cached("hot", hot.ETag, 0) {
+		t.Error("another file's block was evicted, with passed blocks to take")
+	}
+	// Read again after it was passed: wanted, kept like any other.
+	c.pass(key(2))
+	read("big", a.ETag, a.Size, 2)
+	read("big", a.ETag, a.Size, 6)
+	if got := used(); got != 6 {
+		t.Errorf("%d blocks of buffers, want 6: block 6 should grow the cache, block 2 was read again", got)
+	}
+	if !cached("big", a.ETag, 2) {
+		t.Error("a passed block read again was evicted first")
+	}
+	// Another stream's read-ahead asking for a passed block keeps it.
+	c.pass(key(4))
+	if !c.prefetch(key(4), a.Size, 99) {
+		t.Fatal("prefetch of a cached block reported it neither cached nor on its way")
+	}
+	read("big", a.ETag, a.Size, 8)
+	if got := used(); got != 7 || !cached("big", a.ETag, 4) {
+		t.Errorf("after another stream asked for passed block 4 and block 8 was read: %d blocks of buffers (want 7), block 4 cached %v (want true)", got, cached("big", a.ETag, 4))
+	}
+	// Passing a block that is not cached, or twice, changes nothing.
+	c.pass(key(15))
+	c.pass(key(3))
+	c.pass(key(3))
+	read("big", a.ETag, a.Size, 7)
+	if got := used(); got != 7 || cached("big", a.ETag, 3) {
+		t.Errorf("after passing block 3 and reading block 7: %d blocks of buffers (want 7), block 3 cached %v (want false)", got, cached("big", a.ETag, 3))
+	}
+	// Full: the passed blocks are gone and the oldest read block goes.
+	for i := int64(9); i < 16; i++ {
+		read("big", a.ETag, a.Size, i)
+	}
+	if got := used(); got > 8 {
+		t.Errorf("%d blocks of buffers in a cache of 8", got)
+	}
+	got := make([]byte, 16*bs)
+	if _, err := c.read(ctx, "big", a.ETag, a.Size, got, 0); err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("a whole read after all that: %v, bytes equal %v", err, bytes.Equal(got, big))
+	}
+}

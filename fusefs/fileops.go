@@ -36,6 +36,9 @@ type handle struct {
 	// sequential again.
 	raRandom bool
 	raClose  int
+	// raPassed is the last block the stream passed (blockCache.pass),
+	// valid while raWindow > 0.
+	raPassed int64
 	// raFilled: the handle asked for its file to be fetched whole into
 	// the disk cache (fillDisk), once.
 	raFilled bool
@@ -600,6 +603,18 @@ func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) (r
 		h.raNext = off + int64(n)
 	}
 	window := h.raWindow
+	last := (min(off+int64(n), size) - 1) / bs
+	// A stream through a blob larger than the cache passes the blocks
+	// two behind the one it reads (the kernel's READs come slightly out
+	// of order, within a block): each once, from where it started.
+	passFrom, passTo := int64(0), int64(-1)
+	if window > 0 && size > fs.opts.BlockCacheBytes {
+		if h.raSeq == int64(n) { // the stream's first READ
+			h.raPassed = last - 2
+		}
+		passFrom, passTo = max(h.raPassed+1, 0), last-2
+		h.raPassed = max(h.raPassed, passTo)
+	}
 	h.raMu.Unlock()
 	if fill {
 		fs.fillDisk(path, etag, size, fs.storedSum(h.n, etag))
@@ -610,7 +625,9 @@ func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) (r
 	if window == 0 {
 		return random
 	}
-	last := (min(off+int64(n), size) - 1) / bs
+	for i := passFrom; i <= passTo; i++ {
+		fs.blocks.pass(blockKey{path, etag, i})
+	}
 	for i := int64(1); i <= int64(window); i++ {
 		fs.blocks.prefetch(blockKey{path, etag, last + i}, size, h.id)
 	}

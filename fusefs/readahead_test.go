@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -420,4 +421,61 @@ func copyOutOfMapping(t *testing.T, m []byte) []byte {
 		t.Fatalf("read the copy back: %v", err)
 	}
 	return out
+}
+
+// A stream through a file larger than the cache keeps about its read-ahead
+// window in memory, not the whole cache, and leaves another file's blocks
+// cached: the blocks it has passed give their buffers to the next ones.
+func TestStreamThroughLargerFileKeepsItsWindow(t *testing.T) {
+	const block = 1 << 20
+	mem := blobstore.NewMemory()
+	hotData := pattern(block, 5)
+	putBlob(t, mem, "hot", hotData, nil)
+	data := pattern(48*block, 6)
+	putBlob(t, mem, "big", data, nil)
+	// A window of 4 blocks (twice 2 fetches) in a cache of 16. Without
+	// the whole-read check, which holds each block until it is hashed
+	// (up to 3/4 of the cache when the hash falls behind the reader).
+	opts := Options{ReadBlockSize: block, BlockCacheBytes: 16 * block, MaxReadAheadBlocks: 2, NoContentCheck: true}
+	mnt, fsys := mountStore(t, &concurrencyStore{Store: mem, delay: time.Millisecond}, opts)
+	if got, err := os.ReadFile(join(mnt, "hot")); err != nil || !bytes.Equal(got, hotData) {
+		t.Fatalf("read hot: %v (equal %v)", err, bytes.Equal(got, hotData))
+	}
+	hot, err := mem.Stat(context.Background(), "hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fsys.blocks.has(blockKey{"hot", hot.ETag, 0}) {
+		t.Fatal("the small file's block is not in the cache after its read")
+	}
+
+	var peak atomic.Int64
+	done := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			peak.Store(max(peak.Load(), fsys.blocks.usage()))
+			select {
+			case <-done:
+				return
+			case <-time.After(200 * time.Microsecond):
+			}
+		}
+	}()
+	got, err := os.ReadFile(join(mnt, "big"))
+	close(done)
+	<-sampled
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read big: %v (equal %v)", err, bytes.Equal(got, data))
+	}
+	// The window, the block being read, the two behind it (not passed
+	// yet) and the small file's block, with one block of slack for the
+	// kernel's READs arriving out of order.
+	if p := peak.Load() / block; p > 4+1+2+1+1 {
+		t.Errorf("the stream took %d blocks of memory at its peak, want its window's and a few", p)
+	}
+	if !fsys.blocks.has(blockKey{"hot", hot.ETag, 0}) {
+		t.Error("the stream through a file larger than the cache evicted the small file's block")
+	}
 }
