@@ -38,12 +38,14 @@ import (
 // (demote).
 //
 // A stream through a blob larger than the cache passes its blocks (pass):
-// they go to the back of lru, and their buffers are taken for the next
-// blocks before the cache grows or evicts anything else. LRU keeps the
-// blocks of such a scan for nothing (a second pass from the start evicts
-// them before it gets there), while they pushed out every other file's
-// blocks and made a fresh mount take the whole cache's memory, instead of
-// its read-ahead window's.
+// they wait in passed, and their buffers are taken for the next blocks
+// before the cache grows or evicts anything else. LRU keeps the blocks of
+// such a scan for nothing (a second pass from the start evicts them before
+// it gets there), while they pushed out every other file's blocks and made
+// a fresh mount take the whole cache's memory, instead of its read-ahead
+// window's. A block another handle's read-ahead asked for is shared, and
+// never passed: a second reader following the first, within its window,
+// finds the blocks the first has read.
 //
 // Concurrent readers of the same block share one GET. A failed fetch is
 // forgotten once its waiters have seen the error, so the next read retries.
@@ -64,6 +66,7 @@ type blockCache struct {
 	blocks map[blockKey]*block
 	lru    *list.List     // fetched, unpinned, read blocks; front is most recent
 	ahead  *list.List     // fetched, unpinned blocks not read yet; front is most recent
+	passed *list.List     // fetched, unpinned blocks a stream has passed; front is most recent
 	free   [][]byte       // full-size buffers not in use
 	used   int64          // bytes of every buffer that exists or is being allocated
 	owned  map[uint64]int // blocks tagged with each owner
@@ -99,14 +102,19 @@ type block struct {
 	// owner is the handle whose read-ahead fetched the block, until
 	// the block is first read (then 0): the block waits in ahead.
 	owner uint64
+	// fetchedFor is the handle whose read-ahead fetched the block (0:
+	// a demand read, whose handle is not known); shared: another
+	// handle's read-ahead asked for it too (prefetch), so no stream
+	// passes it.
+	fetchedFor uint64
+	shared     bool
 	// queued: asked for by read-ahead, waiting in queue (at qelem) for a
 	// fetch slot; size is the blob's size, for the fetch.
 	queued bool
 	qelem  *list.Element
 	size   int64
 	// passed: a stream read past it in a blob larger than the cache
-	// (pass); it waits at the back of lru, first to go. A read, or
-	// another stream's read-ahead asking for it, clears it.
+	// (pass); unpinned, it waits in passed, first to go. A read clears it.
 	passed bool
 }
 
@@ -121,6 +129,7 @@ func newBlockCache(store blobstore.Store, blockSize, capacity int64, maxFetches 
 		blocks:     map[blockKey]*block{},
 		lru:        list.New(),
 		ahead:      list.New(),
+		passed:     list.New(),
 	}
 	c.cond = sync.NewCond(&c.mu)
 	registerCache(c)
@@ -252,7 +261,7 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 		c.hits++
 		c.pinLocked(b)
 		c.disownLocked(b) // read: evictable like any other
-		b.passed = false  // read again: wanted after all
+		b.passed = false  // read again: wanted after all (unpin puts it in lru)
 		queued := b.queued
 		if queued {
 			// Still waiting for a slot: a reader must not wait
@@ -322,11 +331,16 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 	}
 	c.mu.Lock()
 	if b := c.blocks[key]; b != nil {
-		if b.passed {
-			// Another stream of the same blob is coming: keep it.
-			b.passed = false
-			if b.elem != nil {
-				c.lru.MoveToFront(b.elem)
+		if owner != 0 && b.fetchedFor != 0 && owner != b.fetchedFor && !b.shared {
+			// Another stream of the same blob is coming: no stream
+			// passes it now.
+			b.shared = true
+			if b.passed {
+				if b.elem != nil {
+					c.passed.Remove(b.elem)
+					b.elem = c.lru.PushFront(b)
+				}
+				b.passed = false
 			}
 		}
 		c.mu.Unlock()
@@ -356,7 +370,7 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 		return started
 	}
 	// Pinned by the fetch itself so that it cannot be evicted half-filled.
-	b := &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1, owner: owner, size: size}
+	b := &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1, owner: owner, fetchedFor: owner, size: size}
 	if owner != 0 {
 		c.owned[owner]++
 	}
@@ -512,8 +526,11 @@ func (c *blockCache) pinLocked(b *block) {
 
 // listOf returns the list an unpinned block belongs in.
 func (c *blockCache) listOf(b *block) *list.List {
-	if b.owner != 0 {
+	switch {
+	case b.owner != 0:
 		return c.ahead
+	case b.passed:
+		return c.passed
 	}
 	return c.lru
 }
@@ -558,29 +575,30 @@ func (c *blockCache) unpin(b *block) {
 		c.releaseBufLocked(b.buf)
 		return
 	}
-	if b.passed {
-		b.elem = c.lru.PushBack(b)
-	} else {
-		b.elem = c.listOf(b).PushFront(b)
-	}
+	b.elem = c.listOf(b).PushFront(b)
 	c.cond.Signal()
 }
 
-// pass marks block key as passed by a stream (see blockCache): unless it is
-// read again first, its buffer is the next one taken. Blocks read ahead and
-// not read yet, or still queued, are left alone.
-func (c *blockCache) pass(key blockKey) {
+// pass marks block key as passed by the stream of handle by (see
+// blockCache): unless it is read again first, its buffer is among the next
+// taken. Only a block by's read-ahead fetched and read is passed: not one
+// a demand read fetched (whose reader is not known), nor one another
+// handle's read-ahead asked for too (shared).
+func (c *blockCache) pass(key blockKey, by uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b := c.blocks[key]
-	if b == nil || b.owner != 0 || b.queued || b.passed {
+	if b == nil || b.fetchedFor == 0 || b.fetchedFor != by || b.owner != 0 || b.queued || b.passed || b.shared {
 		return
 	}
-	b.passed = true
 	if b.elem != nil {
 		c.lru.Remove(b.elem)
-		b.elem = c.lru.PushBack(b)
-	} // pinned: unpin puts it at the back
+		b.passed = true
+		b.elem = c.passed.PushFront(b)
+		c.cond.Signal()
+		return
+	}
+	b.passed = true // pinned: its unpin puts it in passed
 }
 
 // disownLocked clears b's owner.
@@ -609,14 +627,16 @@ func (c *blockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
 			c.free = c.free[:k-1]
 			return buf[:n], true
 		}
-		if e := c.lru.Back(); e != nil && e.Value.(*block).passed {
-			// Before growing: a passed block's memory.
-			b := c.evictLocked(c.lru)
-			if int64(cap(b.buf)) == n {
-				return b.buf[:n], true
+		if n == c.blockSize {
+			// Before growing: a passed block's memory, the one
+			// passed longest ago.
+			if b := c.evictLocked(c.passed); b != nil {
+				if int64(cap(b.buf)) == n {
+					return b.buf[:n], true
+				}
+				c.releaseBufLocked(b.buf) // a blob's last block
+				continue
 			}
-			c.dropBufLocked(b.buf)
-			continue
 		}
 		if c.used+n <= c.capacity && c.budgetAllowsLocked(n) {
 			c.addUsedLocked(n)
@@ -629,7 +649,10 @@ func (c *blockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
 			c.free = c.free[:k-1]
 			continue
 		}
-		b := c.evictLocked(c.lru)
+		b := c.evictLocked(c.passed)
+		if b == nil {
+			b = c.evictLocked(c.lru)
+		}
 		if b == nil && demand {
 			b = c.evictLocked(c.ahead)
 		}
@@ -673,6 +696,7 @@ func (c *blockCache) evictLocked(l *list.List) *block {
 	b := e.Value.(*block)
 	l.Remove(e)
 	b.elem = nil
+	b.passed = false
 	delete(c.blocks, b.key)
 	c.disownLocked(b)
 	return b
@@ -712,7 +736,7 @@ func (c *blockCache) close() {
 		c.dropBufLocked(buf)
 	}
 	c.free = nil
-	for _, l := range []*list.List{c.lru, c.ahead} {
+	for _, l := range []*list.List{c.passed, c.lru, c.ahead} {
 		for b := c.evictLocked(l); b != nil; b = c.evictLocked(l) {
 			c.dropBufLocked(b.buf)
 		}

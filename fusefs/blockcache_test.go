@@ -173,8 +173,8 @@ func TestBlockBufPool(t *testing.T) {
 
 // TestBlockCachePassedBlocksGoFirst: the buffer of a block a stream has
 // passed is taken for the next block before the cache grows or evicts
-// another file's block, and a passed block read again is kept like any
-// other.
+// another file's block; a passed block read again is kept like any other,
+// and so is one another handle's read-ahead asked for too.
 func TestBlockCachePassedBlocksGoFirst(t *testing.T) {
 	ctx := context.Background()
 	mem := blobstore.NewMemory()
@@ -198,6 +198,17 @@ func TestBlockCachePassedBlocksGoFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	key := func(i int64) blockKey { return blockKey{"big", a.ETag, i} }
+	const stream = 1 // the handle streaming through big
+	// stream reads block i of big as a stream does: asked for by its
+	// read-ahead, then read.
+	streamRead := func(i int64) {
+		t.Helper()
+		if !c.prefetch(key(i), a.Size, stream) {
+			t.Fatalf("prefetch of block %d reported it neither cached nor on its way", i)
+		}
+		read("big", a.ETag, a.Size, i)
+	}
 	used := func() int64 {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -208,20 +219,19 @@ func TestBlockCachePassedBlocksGoFirst(t *testing.T) {
 		defer c.mu.Unlock()
 		return c.blocks[blockKey{name, etag, idx}] != nil
 	}
-	key := func(i int64) blockKey { return blockKey{"big", a.ETag, i} }
 
 	read("hot", hot.ETag, hot.Size, 0)
 	for i := range int64(4) {
-		read("big", a.ETag, a.Size, i)
+		streamRead(i)
 	}
 	if got := used(); got != 5 {
 		t.Fatalf("%d blocks of buffers after 5 blocks read, want 5", got)
 	}
-	c.pass(key(0))
-	c.pass(key(1))
+	c.pass(key(0), stream)
+	c.pass(key(1), stream)
 	// Blocks 4 and 5 take the passed blocks' buffers: no growth.
-	read("big", a.ETag, a.Size, 4)
-	read("big", a.ETag, a.Size, 5)
+	streamRead(4)
+	streamRead(5)
 	if got := used(); got != 5 {
 		t.Errorf("%d blocks of buffers after reading two blocks in place of two passed ones, want 5", got)
 	}
@@ -237,35 +247,59 @@ func TestBlockCachePassedBlocksGoFirst(t *testing.T) {
 		t.Error("another file's block was evicted, with passed blocks to take")
 	}
 	// Read again after it was passed: wanted, kept like any other.
-	c.pass(key(2))
+	c.pass(key(2), stream)
 	read("big", a.ETag, a.Size, 2)
-	read("big", a.ETag, a.Size, 6)
+	streamRead(6)
 	if got := used(); got != 6 {
 		t.Errorf("%d blocks of buffers, want 6: block 6 should grow the cache, block 2 was read again", got)
 	}
 	if !cached("big", a.ETag, 2) {
 		t.Error("a passed block read again was evicted first")
 	}
-	// Another stream's read-ahead asking for a passed block keeps it.
-	c.pass(key(4))
-	if !c.prefetch(key(4), a.Size, 99) {
+	// Block 8, asked for by another handle's read-ahead too before the
+	// stream passes it (a second reader following the first): kept.
+	// Block 9, asked for by the stream alone, twice, is passed.
+	for _, k := range []int64{8, 9} {
+		if !c.prefetch(key(k), a.Size, stream) {
+			t.Fatalf("prefetch of block %d reported it neither cached nor on its way", k)
+		}
+	}
+	if !c.prefetch(key(8), a.Size, 2) {
 		t.Fatal("prefetch of a cached block reported it neither cached nor on its way")
 	}
-	read("big", a.ETag, a.Size, 8)
-	if got := used(); got != 7 || !cached("big", a.ETag, 4) {
-		t.Errorf("after another stream asked for passed block 4 and block 8 was read: %d blocks of buffers (want 7), block 4 cached %v (want true)", got, cached("big", a.ETag, 4))
+	streamRead(8)
+	streamRead(9)
+	c.pass(key(8), stream)
+	c.pass(key(9), stream)
+	streamRead(10)
+	if got := used(); got != 8 || !cached("big", a.ETag, 8) || cached("big", a.ETag, 9) {
+		t.Errorf("after passing blocks 8 (shared) and 9 and reading block 10: %d blocks of buffers (want 8), block 8 cached %v (want true), block 9 cached %v (want false)", got, cached("big", a.ETag, 8), cached("big", a.ETag, 9))
 	}
-	// Passing a block that is not cached, or twice, changes nothing.
-	c.pass(key(15))
-	c.pass(key(3))
-	c.pass(key(3))
-	read("big", a.ETag, a.Size, 7)
-	if got := used(); got != 7 || cached("big", a.ETag, 3) {
-		t.Errorf("after passing block 3 and reading block 7: %d blocks of buffers (want 7), block 3 cached %v (want false)", got, cached("big", a.ETag, 3))
+	// Only the stream that fetched a block passes it; a block not
+	// cached, or passed twice, changes nothing; the block passed longest
+	// ago goes first.
+	c.pass(key(3), 2)
+	c.pass(key(10), stream)
+	c.pass(key(15), stream)
+	c.pass(key(3), stream)
+	c.pass(key(3), stream)
+	streamRead(7)
+	if got := used(); got != 8 || cached("big", a.ETag, 10) || !cached("big", a.ETag, 3) {
+		t.Errorf("after passing blocks 10 and 3 and reading block 7: %d blocks of buffers (want 8), block 10 cached %v (want false: passed longest ago), block 3 cached %v (want true)", got, cached("big", a.ETag, 10), cached("big", a.ETag, 3))
+	}
+	// A block a demand read fetched is not passed: its reader is not known.
+	read("hot", hot.ETag, hot.Size, 0)
+	c.pass(blockKey{"hot", hot.ETag, 0}, stream)
+	c.pass(blockKey{"hot", hot.ETag, 0}, 0)
+	c.mu.Lock()
+	hotPassed := c.passed.Len() > 1 || c.blocks[blockKey{"hot", hot.ETag, 0}].passed
+	c.mu.Unlock()
+	if hotPassed {
+		t.Error("a block fetched by a demand read was passed")
 	}
 	// Full: the passed blocks are gone and the oldest read block goes.
-	for i := int64(9); i < 16; i++ {
-		read("big", a.ETag, a.Size, i)
+	for i := int64(11); i < 16; i++ {
+		streamRead(i)
 	}
 	if got := used(); got > 8 {
 		t.Errorf("%d blocks of buffers in a cache of 8", got)

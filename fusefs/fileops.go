@@ -608,10 +608,10 @@ func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) (r
 	// two behind the one it reads (the kernel's READs come slightly out
 	// of order, within a block): each once, from where it started.
 	passFrom, passTo := int64(0), int64(-1)
-	if window > 0 && size > fs.opts.BlockCacheBytes {
-		if h.raSeq == int64(n) { // the stream's first READ
-			h.raPassed = last - 2
-		}
+	if window > 0 && h.raSeq == int64(n) { // the stream's first READ
+		h.raPassed = last - 2
+	}
+	if window > 0 && size > fs.blocks.capacity {
 		passFrom, passTo = max(h.raPassed+1, 0), last-2
 		h.raPassed = max(h.raPassed, passTo)
 	}
@@ -626,7 +626,7 @@ func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) (r
 		return random
 	}
 	for i := passFrom; i <= passTo; i++ {
-		fs.blocks.pass(blockKey{path, etag, i})
+		fs.blocks.pass(blockKey{path, etag, i}, h.id)
 	}
 	for i := int64(1); i <= int64(window); i++ {
 		fs.blocks.prefetch(blockKey{path, etag, last + i}, size, h.id)

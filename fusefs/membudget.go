@@ -124,7 +124,10 @@ func reclaimRead(self *blockCache, n int64) {
 				o.free = o.free[:k-1]
 				continue
 			}
-			b := o.evictLocked(o.lru)
+			b := o.evictLocked(o.passed)
+			if b == nil {
+				b = o.evictLocked(o.lru)
+			}
 			if b == nil {
 				break
 			}
