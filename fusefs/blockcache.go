@@ -292,6 +292,7 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 			b = other
 			c.pinLocked(b)
 			c.disownLocked(b)
+			b.passed = false // read again, as on a hit
 			c.mu.Unlock()
 		} else {
 			b = &block{key: key, buf: buf, ready: make(chan struct{}), pins: 1}

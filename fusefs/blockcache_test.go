@@ -256,6 +256,26 @@ func TestBlockCachePassedBlocksGoFirst(t *testing.T) {
 	if !cached("big", a.ETag, 2) {
 		t.Error("a passed block read again was evicted first")
 	}
+	// A handle that seeks demotes its unread read-ahead blocks into lru:
+	// a passed block still goes first.
+	if !c.prefetch(key(13), a.Size, 3) {
+		t.Fatal("prefetch of block 13 reported it neither cached nor on its way")
+	}
+	for range 1000 {
+		c.mu.Lock()
+		landed := c.blocks[key(13)] != nil && c.blocks[key(13)].elem != nil
+		c.mu.Unlock()
+		if landed {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	c.pass(key(3), stream)
+	c.demote(3)
+	streamRead(7)
+	if got := used(); got != 7 || cached("big", a.ETag, 3) || !cached("big", a.ETag, 13) {
+		t.Errorf("after passing block 3, demoting block 13 and reading block 7: %d blocks of buffers (want 7), block 3 cached %v (want false), block 13 cached %v (want true)", got, cached("big", a.ETag, 3), cached("big", a.ETag, 13))
+	}
 	// Block 8, asked for by another handle's read-ahead too before the
 	// stream passes it (a second reader following the first): kept.
 	// Block 9, asked for by the stream alone, twice, is passed.
@@ -278,14 +298,14 @@ func TestBlockCachePassedBlocksGoFirst(t *testing.T) {
 	// Only the stream that fetched a block passes it; a block not
 	// cached, or passed twice, changes nothing; the block passed longest
 	// ago goes first.
-	c.pass(key(3), 2)
+	c.pass(key(2), 2)
 	c.pass(key(10), stream)
 	c.pass(key(15), stream)
-	c.pass(key(3), stream)
-	c.pass(key(3), stream)
-	streamRead(7)
-	if got := used(); got != 8 || cached("big", a.ETag, 10) || !cached("big", a.ETag, 3) {
-		t.Errorf("after passing blocks 10 and 3 and reading block 7: %d blocks of buffers (want 8), block 10 cached %v (want false: passed longest ago), block 3 cached %v (want true)", got, cached("big", a.ETag, 10), cached("big", a.ETag, 3))
+	c.pass(key(2), stream)
+	c.pass(key(2), stream)
+	streamRead(11)
+	if got := used(); got != 8 || cached("big", a.ETag, 10) || !cached("big", a.ETag, 2) {
+		t.Errorf("after passing blocks 10 and 2 and reading block 11: %d blocks of buffers (want 8), block 10 cached %v (want false: passed longest ago), block 2 cached %v (want true)", got, cached("big", a.ETag, 10), cached("big", a.ETag, 2))
 	}
 	// A block a demand read fetched is not passed: its reader is not known.
 	read("hot", hot.ETag, hot.Size, 0)
@@ -298,7 +318,7 @@ func TestBlockCachePassedBlocksGoFirst(t *testing.T) {
 		t.Error("a block fetched by a demand read was passed")
 	}
 	// Full: the passed blocks are gone and the oldest read block goes.
-	for i := int64(11); i < 16; i++ {
+	for i := int64(12); i < 16; i++ {
 		streamRead(i)
 	}
 	if got := used(); got > 8 {

@@ -471,11 +471,13 @@ func TestStreamThroughLargerFileKeepsItsWindow(t *testing.T) {
 	}
 	// The window, the block being read, the one behind it (not passed
 	// yet), the one passed and not taken yet, and the small file's block,
-	// with one block of slack for the kernel's READs arriving out of
-	// order. (15 before streams passed their blocks.)
+	// with two blocks of slack: a block still pinned by a reply being
+	// written when it is passed goes to the passed list only when its
+	// reply is done, and the next fetch grows the cache meanwhile. (15
+	// before streams passed their blocks.)
 	p := peak.Load() / block
 	t.Logf("peak: %d blocks", p)
-	if p > 4+1+2+1+1 {
+	if p > 4+1+1+1+1+2 {
 		t.Errorf("the stream took %d blocks of memory at its peak, want its window's and a few", p)
 	}
 	if !fsys.blocks.has(blockKey{"hot", hot.ETag, 0}) {
