@@ -592,14 +592,11 @@ func (c *blockCache) pass(key blockKey, by uint64) {
 	if b == nil || b.fetchedFor == 0 || b.fetchedFor != by || b.owner != 0 || b.queued || b.passed || b.shared {
 		return
 	}
-	if b.elem != nil {
+	if b.elem != nil { // unpinned, in lru
 		c.lru.Remove(b.elem)
-		b.passed = true
 		b.elem = c.passed.PushFront(b)
-		c.cond.Signal()
-		return
 	}
-	b.passed = true // pinned: its unpin puts it in passed
+	b.passed = true // a pinned block's unpin puts it in passed
 }
 
 // disownLocked clears b's owner.
