@@ -31,7 +31,7 @@ type storeProc struct {
 // garbage collector's and I/O threads), and it shares the machine's CPUs
 // with the client. How much of it a side's requests cost is what tells
 // two request shapes apart where the wall times are within the noise,
-// so the timing lines of compare carry it.
+// so every timing line of an Azurite figure carries it (storeCPUMeter).
 func (a *azureEnv) storeCPU() (storeProc, time.Duration, bool) {
 	proc, ok := a.storeProcess()
 	if !ok {

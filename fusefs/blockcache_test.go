@@ -261,15 +261,7 @@ func TestBlockCachePassedBlocksGoFirst(t *testing.T) {
 	if !c.prefetch(key(13), a.Size, 3) {
 		t.Fatal("prefetch of block 13 reported it neither cached nor on its way")
 	}
-	for range 1000 {
-		c.mu.Lock()
-		landed := c.blocks[key(13)] != nil && c.blocks[key(13)].elem != nil
-		c.mu.Unlock()
-		if landed {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	settleFetches(t, c)
 	c.pass(key(3), stream)
 	c.demote(3)
 	streamRead(7)

@@ -101,23 +101,7 @@ func TestBlockCacheKeepsUnreadReadAhead(t *testing.T) {
 	mem, data, a := storedBlob(t, 16*block, 3)
 	c := newBlockCache(mem, block, 4*block, 4)
 	key := func(i int64) blockKey { return blockKey{"f", a.ETag, i} }
-	settle := func() {
-		// Fetches queue for a slot in goroutines of their own: wait
-		// until every block is fetched and unpinned into a list.
-		for range 1000 {
-			c.mu.Lock()
-			busy := c.active > 0 || c.queue.Len() > 0
-			for _, b := range c.blocks {
-				busy = busy || b.elem == nil
-			}
-			c.mu.Unlock()
-			if !busy {
-				return
-			}
-			time.Sleep(time.Millisecond)
-		}
-		t.Fatal("read-ahead fetches did not finish")
-	}
+	settle := func() { settleFetches(t, c) }
 	cached := func(i int64) bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -159,6 +143,26 @@ func TestBlockCacheKeepsUnreadReadAhead(t *testing.T) {
 	if !bytes.Equal(p, data[6*block:8*block]) {
 		t.Fatal("read returned the wrong bytes")
 	}
+}
+
+// settleFetches waits until c's read-ahead fetches, which queue for a slot
+// in goroutines of their own, are done and every block is unpinned into a
+// list.
+func settleFetches(t *testing.T, c *blockCache) {
+	t.Helper()
+	for range 1000 {
+		c.mu.Lock()
+		busy := c.active > 0 || c.queue.Len() > 0
+		for _, b := range c.blocks {
+			busy = busy || b.elem == nil
+		}
+		c.mu.Unlock()
+		if !busy {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("read-ahead fetches did not finish")
 }
 
 // Large files opened read-only bypass the page cache (FOPEN_DIRECT_IO):
