@@ -65,6 +65,18 @@ func (p storeProc) cpu() (storeProc, time.Duration, bool) {
 	return storeProc{p.pid, start}, cpu, ok
 }
 
+// mainThreadCPU reads the CPU time of the process's main thread (the
+// thread whose id is the pid) so far: Azurite's JavaScript event loop,
+// which parses, authorises and stores every request on that one thread.
+func (p storeProc) mainThreadCPU() (time.Duration, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", p.pid, p.pid))
+	if err != nil {
+		return 0, false
+	}
+	cpu, _, ok := parseStat(string(b))
+	return cpu, ok
+}
+
 // loopbackPort returns the port of endpoint when its host is a loopback
 // address or localhost.
 func loopbackPort(endpoint string) (int, bool) {
@@ -182,8 +194,13 @@ func parseStat(stat string) (cpu time.Duration, start uint64, ok bool) {
 
 // storeCPUMeter returns, for an Azurite figure whose Azurite runs on this
 // machine, a meter: called before a timed phase, it returns a function
-// that, called after it, says how much CPU Azurite used in between, as
-// a suffix for the phase's timing line. Otherwise the suffix is empty.
+// that, called after it, says how much CPU Azurite used in between, and
+// for how much of that time its main thread was running, as a suffix for
+// the phase's timing line. Otherwise the suffix is empty.
+//
+// The main thread's share tells whether a figure measured the client or
+// Azurite: a side whose requests kept the event loop running most of the
+// time was waiting for Azurite, whatever the client did meanwhile.
 func (r *runner) storeCPUMeter(fig string) func() func() string {
 	none := func() string { return "" }
 	if r.az == nil || !slices.Contains(azuriteFigures, fig) {
@@ -194,14 +211,31 @@ func (r *runner) storeCPUMeter(fig string) func() func() string {
 		if !ok {
 			return none
 		}
+		loopBefore, loopOK := proc.mainThreadCPU()
+		start := time.Now()
 		return func() string {
 			// The same process, if it still runs: no second search.
 			again, after, ok := proc.cpu()
+			wall := time.Since(start)
 			if !ok || again != proc || after < before {
 				// Not readable now, or Azurite restarted in between.
 				return ""
 			}
-			return fmt.Sprintf("  (Azurite CPU %.2f s)", (after - before).Seconds())
+			loopAfter, ok := proc.mainThreadCPU()
+			loopOK = loopOK && ok && loopAfter >= loopBefore
+			return storeCPUSuffix(after-before, loopAfter-loopBefore, loopOK, wall)
 		}
 	}
+}
+
+// storeCPUSuffix formats the meter's reading: the CPU time the process
+// used, and, if known (loopOK), its main thread's share of the wall time.
+// /proc counts in ticks of 10 ms, so a share can read a little over the
+// truth; it is capped at 100%.
+func storeCPUSuffix(used, loop time.Duration, loopOK bool, wall time.Duration) string {
+	if !loopOK || wall <= 0 {
+		return fmt.Sprintf("  (Azurite CPU %.2f s)", used.Seconds())
+	}
+	busy := min(float64(loop)/float64(wall), 1)
+	return fmt.Sprintf("  (Azurite CPU %.2f s, main thread busy %.0f%%)", used.Seconds(), 100*busy)
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"net"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -125,4 +126,59 @@ func rusageCPU(t *testing.T) time.Duration {
 		t.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func TestStoreCPUSuffix(t *testing.T) {
+	cases := []struct {
+		used, loop time.Duration
+		loopOK     bool
+		wall       time.Duration
+		want       string
+	}{
+		{8710 * time.Millisecond, 6800 * time.Millisecond, true, 8290 * time.Millisecond, "  (Azurite CPU 8.71 s, main thread busy 82%)"},
+		// Ticks of 10 ms: a thread busy all along can read a tick over.
+		{1010 * time.Millisecond, 1010 * time.Millisecond, true, time.Second, "  (Azurite CPU 1.01 s, main thread busy 100%)"},
+		{0, 0, true, time.Second, "  (Azurite CPU 0.00 s, main thread busy 0%)"},
+		// The thread not readable, or no time measured: the CPU alone.
+		{3620 * time.Millisecond, 0, false, 4 * time.Second, "  (Azurite CPU 3.62 s)"},
+		{3620 * time.Millisecond, time.Second, true, 0, "  (Azurite CPU 3.62 s)"},
+	}
+	for _, c := range cases {
+		if got := storeCPUSuffix(c.used, c.loop, c.loopOK, c.wall); got != c.want {
+			t.Errorf("storeCPUSuffix(%v, %v, %v, %v) = %q, want %q", c.used, c.loop, c.loopOK, c.wall, got, c.want)
+		}
+	}
+}
+
+// TestMainThreadCPU: the main thread of a process spinning on one thread
+// reads as busy about all the time, that of a sleeping one as idle.
+func TestMainThreadCPU(t *testing.T) {
+	for _, c := range []struct {
+		script   string
+		min, max float64
+	}{{"while :; do :; done", 0.5, 1.1}, {"sleep 30", 0, 0.1}} {
+		cmd := exec.Command("sh", "-c", c.script)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		proc := storeProc{pid: cmd.Process.Pid}
+		before, ok := proc.mainThreadCPU()
+		start := time.Now()
+		time.Sleep(500 * time.Millisecond)
+		after, ok2 := proc.mainThreadCPU()
+		wall := time.Since(start)
+		cmd.Process.Kill()
+		cmd.Wait()
+		if !ok || !ok2 {
+			t.Fatalf("%q: main thread not readable", c.script)
+		}
+		// A shared machine may hold the spinner off a CPU for a while:
+		// half the time is the bar, not all of it.
+		if busy := float64(after-before) / float64(wall); busy < c.min || busy > c.max {
+			t.Errorf("%q: main thread busy %.2f of %v, want %.1f-%.1f", c.script, busy, wall, c.min, c.max)
+		}
+	}
+	if _, ok := (storeProc{pid: 1 << 30}).mainThreadCPU(); ok {
+		t.Error("a process that does not exist was read")
+	}
 }
