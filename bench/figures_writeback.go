@@ -50,7 +50,7 @@ func (r *runner) writeBackCompare(ctx context.Context, row Row, value func(time.
 					return 0, fmt.Errorf("after close: %w", err)
 				}
 				t.durable = time.Since(start)
-				used = cpu() // until durable: the uploads are the work
+				used = cpu(t.durable) // until durable: the uploads are the work
 				return t.closed, nil
 			})
 			cleanup(id)

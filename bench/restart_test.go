@@ -13,6 +13,7 @@ func TestMain(m *testing.M) {
 	// The restart benchmark's applications, and memory-mounts' serving
 	// process, are this test binary, started again.
 	RestartAppMain()
+	spinOffMainChild()
 	if child, err := ServeMountsChild(); child {
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "serving mounts:", err)

@@ -341,7 +341,7 @@ func (r *runner) compare(ctx context.Context, fig, kind string, value func(time.
 			return 0, fmt.Errorf("%s %s: %w", kind, s.name, err)
 		}
 		d := time.Since(start)
-		used := cpu()
+		used := cpu(d)
 		if s.check != nil {
 			if err := s.check(ctx); err != nil {
 				return 0, fmt.Errorf("%s %s: %w", kind, s.name, err)
@@ -364,7 +364,7 @@ func (r *runner) compare(ctx context.Context, fig, kind string, value func(time.
 			}
 			cpu := storeCPU()
 			d, err := s.run(ctx)
-			used := cpu()
+			used := cpu(d)
 			if err == nil && s.check != nil {
 				err = s.check(ctx)
 			}

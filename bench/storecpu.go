@@ -194,48 +194,61 @@ func parseStat(stat string) (cpu time.Duration, start uint64, ok bool) {
 
 // storeCPUMeter returns, for an Azurite figure whose Azurite runs on this
 // machine, a meter: called before a timed phase, it returns a function
-// that, called after it, says how much CPU Azurite used in between, and
-// for how much of that time its main thread was running, as a suffix for
-// the phase's timing line. Otherwise the suffix is empty.
+// that, called after it with the phase's time, says how much CPU Azurite
+// used in between, and for how much of the phase its main thread was
+// running, as a suffix for the phase's timing line. Otherwise the suffix
+// is empty.
 //
 // The main thread's share tells whether a figure measured the client or
 // Azurite: a side whose requests kept the event loop running most of the
 // time was waiting for Azurite, whatever the client did meanwhile.
-func (r *runner) storeCPUMeter(fig string) func() func() string {
-	none := func() string { return "" }
+//
+// The share is of the phase's time, not of the time between the two
+// calls: a mount's side is metered around its mount, settle and unmount
+// as well (Azurite's CPU covers those too), where Azurite is mostly idle,
+// and dividing by that longer time made a mount's share read lower than
+// an SDK side's for the same work. What Azurite's main thread does
+// outside the phase for a mount (a request or two) is within the ticks'
+// error.
+func (r *runner) storeCPUMeter(fig string) func() func(phase time.Duration) string {
+	none := func(time.Duration) string { return "" }
 	if r.az == nil || !slices.Contains(azuriteFigures, fig) {
-		return func() func() string { return none }
+		return func() func(time.Duration) string { return none }
 	}
-	return func() func() string {
+	return func() func(time.Duration) string {
 		proc, before, ok := r.az.storeCPU()
 		if !ok {
 			return none
 		}
 		loopBefore, loopOK := proc.mainThreadCPU()
-		start := time.Now()
-		return func() string {
+		return func(phase time.Duration) string {
 			// The same process, if it still runs: no second search.
 			again, after, ok := proc.cpu()
-			wall := time.Since(start)
 			if !ok || again != proc || after < before {
 				// Not readable now, or Azurite restarted in between.
 				return ""
 			}
 			loopAfter, ok := proc.mainThreadCPU()
 			loopOK = loopOK && ok && loopAfter >= loopBefore
-			return storeCPUSuffix(after-before, loopAfter-loopBefore, loopOK, wall)
+			return storeCPUSuffix(after-before, loopAfter-loopBefore, loopOK, phase)
 		}
 	}
 }
 
 // storeCPUSuffix formats the meter's reading: the CPU time the process
-// used, and, if known (loopOK), its main thread's share of the wall time.
-// /proc counts in ticks of 10 ms, so a share can read a little over the
-// truth; it is capped at 100%.
-func storeCPUSuffix(used, loop time.Duration, loopOK bool, wall time.Duration) string {
-	if !loopOK || wall <= 0 {
+// used, and, if known (loopOK), its main thread's share of the phase's
+// time. /proc counts in ticks of 10 ms, and each of the two readings can
+// be a tick off either way: over a phase shorter than minSharePhase that
+// is more than a few points, so the share is left out; it is capped at
+// 100%.
+// minSharePhase: the shortest phase whose main-thread share is printed
+// (two readings a tick of 10 ms off: 2 points at 1 s).
+const minSharePhase = time.Second
+
+func storeCPUSuffix(used, loop time.Duration, loopOK bool, phase time.Duration) string {
+	if !loopOK || phase < minSharePhase {
 		return fmt.Sprintf("  (Azurite CPU %.2f s)", used.Seconds())
 	}
-	busy := min(float64(loop)/float64(wall), 1)
+	busy := min(float64(loop)/float64(phase), 1)
 	return fmt.Sprintf("  (Azurite CPU %.2f s, main thread busy %.0f%%)", used.Seconds(), 100*busy)
 }

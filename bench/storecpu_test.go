@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -132,54 +133,103 @@ func TestStoreCPUSuffix(t *testing.T) {
 	cases := []struct {
 		used, loop time.Duration
 		loopOK     bool
-		wall       time.Duration
+		phase      time.Duration
 		want       string
 	}{
 		{8710 * time.Millisecond, 6800 * time.Millisecond, true, 8290 * time.Millisecond, "  (Azurite CPU 8.71 s, main thread busy 82%)"},
 		// Ticks of 10 ms: a thread busy all along can read a tick over.
 		{1010 * time.Millisecond, 1010 * time.Millisecond, true, time.Second, "  (Azurite CPU 1.01 s, main thread busy 100%)"},
 		{0, 0, true, time.Second, "  (Azurite CPU 0.00 s, main thread busy 0%)"},
-		// The thread not readable, or no time measured: the CPU alone.
+		// The thread not readable, or a phase too short for ticks of
+		// 10 ms to tell its share within a few points: the CPU alone.
 		{3620 * time.Millisecond, 0, false, 4 * time.Second, "  (Azurite CPU 3.62 s)"},
 		{3620 * time.Millisecond, time.Second, true, 0, "  (Azurite CPU 3.62 s)"},
+		{250 * time.Millisecond, 200 * time.Millisecond, true, 999 * time.Millisecond, "  (Azurite CPU 0.25 s)"},
+		// The share is of the phase, whatever the CPU was metered over
+		// (a mount's side: its mount and unmount too).
+		{2500 * time.Millisecond, 1500 * time.Millisecond, true, 2 * time.Second, "  (Azurite CPU 2.50 s, main thread busy 75%)"},
 	}
 	for _, c := range cases {
-		if got := storeCPUSuffix(c.used, c.loop, c.loopOK, c.wall); got != c.want {
-			t.Errorf("storeCPUSuffix(%v, %v, %v, %v) = %q, want %q", c.used, c.loop, c.loopOK, c.wall, got, c.want)
+		if got := storeCPUSuffix(c.used, c.loop, c.loopOK, c.phase); got != c.want {
+			t.Errorf("storeCPUSuffix(%v, %v, %v, %v) = %q, want %q", c.used, c.loop, c.loopOK, c.phase, got, c.want)
 		}
 	}
 }
 
-// TestMainThreadCPU: the main thread of a process spinning on one thread
-// reads as busy about all the time, that of a sleeping one as idle.
+// TestMainThreadCPU: the main thread of a process spinning on it reads as
+// busy about all the time, that of a sleeping one as idle, and that of a
+// process spinning on another thread as idle while the process is busy:
+// the meter reads the main thread, not the process.
 func TestMainThreadCPU(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	offMain := exec.Command(self)
+	offMain.Env = append(os.Environ(), spinOffMainEnv+"=1")
 	for _, c := range []struct {
-		script   string
-		min, max float64
-	}{{"while :; do :; done", 0.2, 1.1}, {"sleep 30", 0, 0.1}} {
-		cmd := exec.Command("sh", "-c", c.script)
-		if err := cmd.Start(); err != nil {
+		name             string
+		cmd              *exec.Cmd
+		mainMin, mainMax float64
+		processMin       float64
+	}{
+		{"spinning shell", exec.Command("sh", "-c", "while :; do :; done"), 0.2, 1.1, 0.2},
+		{"sleeping shell", exec.Command("sh", "-c", "sleep 30"), 0, 0.1, 0},
+		{"spinning off its main thread", offMain, 0, 0.1, 0.2},
+	} {
+		if err := c.cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		proc := storeProc{pid: cmd.Process.Pid}
-		before, ok := proc.mainThreadCPU()
+		proc := storeProc{pid: c.cmd.Process.Pid}
+		time.Sleep(100 * time.Millisecond) // past the child's start-up
+		mainBefore, ok := proc.mainThreadCPU()
+		_, procBefore, ok2 := proc.cpu()
 		start := time.Now()
 		time.Sleep(500 * time.Millisecond)
-		after, ok2 := proc.mainThreadCPU()
+		mainAfter, ok3 := proc.mainThreadCPU()
+		_, procAfter, ok4 := proc.cpu()
 		wall := time.Since(start)
-		cmd.Process.Kill()
-		cmd.Wait()
-		if !ok || !ok2 {
-			t.Fatalf("%q: main thread not readable", c.script)
+		c.cmd.Process.Kill()
+		c.cmd.Wait()
+		if !ok || !ok2 || !ok3 || !ok4 {
+			t.Fatalf("%s: not readable", c.name)
 		}
 		// A shared machine (two CPUs, other test binaries running) may
-		// hold the spinner off a CPU for much of the time: a fifth is the
+		// hold a spinner off a CPU for much of the time: a fifth is the
 		// bar, which a reading that does not move still fails.
-		if busy := float64(after-before) / float64(wall); busy < c.min || busy > c.max {
-			t.Errorf("%q: main thread busy %.2f of %v, want %.1f-%.1f", c.script, busy, wall, c.min, c.max)
+		if busy := float64(mainAfter-mainBefore) / float64(wall); busy < c.mainMin || busy > c.mainMax {
+			t.Errorf("%s: main thread busy %.2f of %v, want %.1f-%.1f", c.name, busy, wall, c.mainMin, c.mainMax)
+		}
+		if busy := float64(procAfter-procBefore) / float64(wall); busy < c.processMin {
+			t.Errorf("%s: process busy %.2f of %v, want at least %.1f", c.name, busy, wall, c.processMin)
 		}
 	}
 	if _, ok := (storeProc{pid: 1 << 30}).mainThreadCPU(); ok {
 		t.Error("a process that does not exist was read")
 	}
+}
+
+// spinOffMainEnv makes this test binary, started again, spin on a thread
+// other than its main one, which it parks (spinOffMainChild).
+const spinOffMainEnv = "BLOBFS_BENCH_TEST_SPIN_OFF_MAIN"
+
+func init() {
+	if os.Getenv(spinOffMainEnv) == "1" {
+		// In init, this keeps the main goroutine on the main thread, so
+		// that the spinner below runs on another.
+		runtime.LockOSThread()
+	}
+}
+
+// spinOffMainChild, in the child TestMainThreadCPU starts, spins on
+// another thread while the main thread sleeps, until it is killed.
+func spinOffMainChild() {
+	if os.Getenv(spinOffMainEnv) != "1" {
+		return
+	}
+	go func() {
+		for {
+		}
+	}()
+	select {}
 }
