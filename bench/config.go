@@ -17,10 +17,12 @@ const (
 	FigSeqRead     = "seq-read"
 	FigSeqReadWarm = "seq-read-warm"
 	FigSeqWrite    = "seq-write"
-	FigSmallCreate = "small-create"
-	FigSmallList   = "small-list"
-	FigSmallRead   = "small-read"
-	FigRandRead    = "rand-read"
+	// FigSeqWriteOwnCPU is FigSeqWrite with Azurite on a CPU of its own.
+	FigSeqWriteOwnCPU = "seq-write-own-cpu"
+	FigSmallCreate    = "small-create"
+	FigSmallList      = "small-list"
+	FigSmallRead      = "small-read"
+	FigRandRead       = "rand-read"
 	// FigRandReadWarm is FigRandRead with the file in the disk cache.
 	FigRandReadWarm = "rand-read-warm"
 	// FigSeqReadCached re-reads a file whole in the disk cache.
@@ -43,7 +45,7 @@ const (
 
 // FigureIDs returns every figure id in run order.
 func FigureIDs() []string {
-	return []string{FigSeqRead, FigSeqReadWarm, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead,
+	return []string{FigSeqRead, FigSeqReadWarm, FigSeqWrite, FigSeqWriteOwnCPU, FigSmallCreate, FigSmallList, FigSmallRead,
 		FigRandRead, FigRandReadWarm, FigSeqReadCached, FigWriteBack, FigWriteBackSmall, FigFaultyRead, FigFaultyWrite, FigFaultyCreate, FigFaultyLog, FigFUSE, FigMemory, FigMemoryMounts}
 }
 
@@ -67,19 +69,19 @@ func DefaultFigureIDs() []string {
 }
 
 // azuriteFigures are the figures that need Azurite.
-var azuriteFigures = []string{FigSeqRead, FigSeqReadWarm, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead, FigRandRead, FigRandReadWarm, FigSeqReadCached, FigWriteBack, FigWriteBackSmall}
+var azuriteFigures = []string{FigSeqRead, FigSeqReadWarm, FigSeqWrite, FigSeqWriteOwnCPU, FigSmallCreate, FigSmallList, FigSmallRead, FigRandRead, FigRandReadWarm, FigSeqReadCached, FigWriteBack, FigWriteBackSmall}
 
 // figureGroups are shorthands accepted by ParseFigures; none holds an
 // opt-in figure.
 var figureGroups = map[string][]string{
 	"all":        DefaultFigureIDs(),
-	"seq":        {FigSeqRead, FigSeqWrite},
+	"seq":        {FigSeqRead, FigSeqWrite, FigSeqWriteOwnCPU},
 	"small":      {FigSmallCreate, FigSmallList, FigSmallRead},
 	"random":     {FigRandRead, FigRandReadWarm, FigSeqReadCached},
 	"write-back": {FigWriteBack, FigWriteBackSmall},
 	"faulty":     {FigFaultyRead, FigFaultyWrite, FigFaultyCreate, FigFaultyLog},
 	// azurite: the default figures that need Azurite.
-	"azurite": {FigSeqRead, FigSeqWrite, FigSmallCreate, FigSmallList, FigSmallRead},
+	"azurite": {FigSeqRead, FigSeqWrite, FigSeqWriteOwnCPU, FigSmallCreate, FigSmallList, FigSmallRead},
 	// local: every figure that runs without Azurite.
 	"local": {FigFaultyRead, FigFaultyWrite, FigFaultyCreate, FigFaultyLog, FigFUSE, FigMemory, FigMemoryMounts},
 }
@@ -315,8 +317,10 @@ func (c *Config) azuriteWrites(clients int) int64 {
 	if c.wants(FigSeqReadWarm) {
 		n += c.Size * (blobfsCacheBytes(c.BlobfsArgs)/c.Size + 2)
 	}
-	if c.wants(FigSeqWrite) {
-		n += c.Size * int64(uploadStrategyCount+c.Reps*(1+clients))
+	for _, f := range []string{FigSeqWrite, FigSeqWriteOwnCPU} {
+		if c.wants(f) {
+			n += c.Size * int64(uploadStrategyCount+c.Reps*(1+clients))
+		}
 	}
 	small := int64(c.SmallFiles) * int64(c.SmallFileSize)
 	if c.wants(FigSmallCreate) {

@@ -8,6 +8,11 @@
 //     against the fastest of several SDK strategies (DownloadStream,
 //     DownloadBuffer/DownloadFile, UploadBuffer/UploadStream with a few
 //     block sizes and concurrencies) on the same Azurite.
+//   - seq-write-own-cpu: seq-write with Azurite's threads on a CPU of
+//     their own and the clients (this process, the mounts it starts) on
+//     the others, as a store elsewhere is: on shared CPUs Azurite's one
+//     JavaScript thread decides seq-write, here the clients' own costs do
+//     (cpuSplit; needs Azurite on this machine and 2 CPUs).
 //   - seq-read-warm (informational): seq-read on one mount for every
 //     repetition, after an untimed read, round a ring of blobs large
 //     enough that none is in the block cache when read: the read without

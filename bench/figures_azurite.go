@@ -151,8 +151,60 @@ func blobfsCacheBytes(args []string) int64 {
 // the blob is in the store, against the fastest SDK upload with the same
 // integrity check (a Content-MD5 on every block).
 func (r *runner) seqWrite(ctx context.Context) Row {
+	row := Row{ID: FigSeqWrite, Figure: fmt.Sprintf("sequential write %s until durable, Content-MD5 on every block (Azurite)", human(r.cfg.Size)), Unit: UnitMBps, Target: Target{Min: 1}}
+	return r.seqWriteRow(ctx, row, nil, 0)
+}
+
+// errNoCPUOfItsOwn: seqWriteOwnCPU cannot give Azurite a CPU of its own
+// here.
+var errNoCPUOfItsOwn = errors.New("Azurite cannot be given a CPU of its own")
+
+// seqWriteOwnCPU: seqWrite with Azurite on a CPU of its own and every
+// client on the others (cpuSplit), as a store elsewhere is: the clients'
+// own costs decide it, where on shared CPUs Azurite's one thread does.
+func (r *runner) seqWriteOwnCPU(ctx context.Context) Row {
+	row := Row{ID: FigSeqWriteOwnCPU, Unit: UnitMBps, Target: Target{Min: 1}}
+	split, err := newCPUSplit()
+	if err == nil {
+		row.Figure = fmt.Sprintf("sequential write %s until durable, Content-MD5 on every block (Azurite on CPU %s of its own, the clients on CPU %s)",
+			human(r.cfg.Size), cpuList(&split.store), cpuList(&split.clients))
+	} else {
+		row.Figure = fmt.Sprintf("sequential write %s until durable, Content-MD5 on every block (Azurite on a CPU of its own)", human(r.cfg.Size))
+		row.Err = fmt.Errorf("%w: %w", errNoCPUOfItsOwn, err)
+		return row
+	}
+	proc, ok := r.az.storeProcess()
+	if !ok {
+		row.Err = fmt.Errorf("%w: its process is not on this machine, or not readable", errNoCPUOfItsOwn)
+		return row
+	}
+	if err := split.pinClients(); err != nil {
+		row.Err = err
+		return row
+	}
+	defer func() {
+		// The Azurite of the end: -fresh-azurite replaces it.
+		pid := 0
+		if p, ok := r.az.storeProcess(); ok {
+			pid = p.pid
+		}
+		if err := split.release(pid); err != nil {
+			r.logf("%s: giving the CPUs back: %v", row.ID, err)
+		}
+	}()
+	if err := split.pinStore(proc.pid); err != nil {
+		row.Err = err
+		return row
+	}
+	r.logf("%s: %s (Azurite pid %d)", row.ID, split, proc.pid)
+	return r.seqWriteRow(ctx, row, split, proc.pid)
+}
+
+// seqWriteRow measures seqWrite's figure into row. With split, every
+// fresh Azurite is put on the store's CPU before its repetition (it
+// inherits the clients' CPUs from this process).
+func (r *runner) seqWriteRow(ctx context.Context, row Row, split *cpuSplit, azuritePid int) Row {
 	size := r.cfg.Size
-	row := Row{ID: FigSeqWrite, Figure: fmt.Sprintf("sequential write %s until durable, Content-MD5 on every block (Azurite)", human(size)), Unit: UnitMBps, Target: Target{Min: 1}}
 	data := r.largeData()
 	newName := func() string { return fmt.Sprintf("write-sdk-%d.bin", r.unique()) }
 	baselines := r.az.uploadStrategies(newName, data)
@@ -162,10 +214,23 @@ func (r *runner) seqWrite(ctx context.Context) Row {
 	// after the first few down by 1.7 times, so that the best of three
 	// depended on who went first (SDK 5.4, 9.3 and 9.5 s in one run).
 	fresh := func() error {
-		if r.cfg.FreshAzurite == "" {
+		if r.cfg.FreshAzurite != "" {
+			if err := r.freshAzurite(ctx); err != nil {
+				return err
+			}
+		}
+		if split == nil {
 			return nil
 		}
-		return r.freshAzurite(ctx)
+		proc, ok := r.az.storeProcess()
+		if !ok {
+			return errors.New("Azurite's process is no longer found on this machine")
+		}
+		if proc.pid != azuritePid {
+			azuritePid = proc.pid
+			return split.pinStore(proc.pid)
+		}
+		return nil
 	}
 	for i := range baselines {
 		prepare := baselines[i].prepare

@@ -138,6 +138,8 @@ func (r *runner) figure(ctx context.Context, fig string) Row {
 		return r.seqReadWarm(ctx)
 	case FigSeqWrite:
 		return r.seqWrite(ctx)
+	case FigSeqWriteOwnCPU:
+		return r.seqWriteOwnCPU(ctx)
 	case FigSmallCreate:
 		return r.smallCreate(ctx)
 	case FigSmallList:

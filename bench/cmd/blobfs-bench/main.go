@@ -86,7 +86,7 @@ func newFlags(c *bench.Config, o *options) *flag.FlagSet {
 	fl.BoolVar(&c.DropCaches, "drop-caches", c.DropCaches, "drop the page cache before timed phases (root)")
 	fl.StringVar(&c.WorkDir, "workdir", c.WorkDir, "directory for mountpoints, caches and the local store (default $TMPDIR)")
 	fl.BoolVar(&c.KeepContainer, "keep-container", c.KeepContainer, "leave the Azurite container in place")
-	fl.StringVar(&c.FreshAzurite, "fresh-azurite", c.FreshAzurite, "shell command run before every Azurite figure but the first, and every seq-write repetition, that leaves an empty Azurite at the endpoint, e.g. restarts an in-memory one (make bench sets it)")
+	fl.StringVar(&c.FreshAzurite, "fresh-azurite", c.FreshAzurite, "shell command run before every Azurite figure but the first, and every seq-write and seq-write-own-cpu repetition, that leaves an empty Azurite at the endpoint, e.g. restarts an in-memory one (make bench sets it)")
 	fl.BoolVar(&o.quiet, "quiet", false, "no progress on stderr")
 	fl.StringVar(&o.out, "out", "", "also write the report to this file")
 	fl.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (covers in-process mounts)")
