@@ -21,11 +21,16 @@ const cpuSetBits = int(unsafe.Sizeof(unix.CPUSet{})) * 8
 // Why: with Azurite on the clients' CPUs, a figure that keeps Azurite busy
 // measures how the two share the CPUs as much as the client. Azurite runs
 // every request on one JavaScript thread, and on seq-write that thread is
-// busy 82-87% of either side's time on these 2-CPU machines, so a client
+// busy 82-88% of either side's time on these 2-CPU machines, so a client
 // can only tie another there. A store of its own, as Azure is to its
-// clients, leaves the clients' own costs to decide.
+// clients, leaves each side to meet its own bound: the store's CPU, or
+// the client's.
 type cpuSplit struct {
 	all, store, clients unix.CPUSet
+	// firstStore is the first store process pinned, and storeHad the
+	// CPUs it had before: release gives them back.
+	firstStore storeProc
+	storeHad   unix.CPUSet
 }
 
 // newCPUSplit splits the CPUs this process may run on: the last for the
@@ -57,18 +62,37 @@ func (s *cpuSplit) String() string {
 // pinClients puts this process's threads on the clients' CPUs.
 func (s *cpuSplit) pinClients() error { return setProcessAffinity(os.Getpid(), &s.clients) }
 
-// pinStore puts every thread of the store process pid on the store's CPU.
-func (s *cpuSplit) pinStore(pid int) error { return setProcessAffinity(pid, &s.store) }
-
-// release gives this process, and the store process pid if it still runs
-// (0: none), every CPU of the split again. A store started while the
-// clients were pinned inherited their CPUs and is given all of them too.
-func (s *cpuSplit) release(storePid int) error {
-	err := setProcessAffinity(os.Getpid(), &s.all)
-	if storePid > 0 {
-		if serr := setProcessAffinity(storePid, &s.all); serr != nil && !errors.Is(serr, os.ErrNotExist) {
-			err = errors.Join(err, serr)
+// pinStore puts every thread of the store process p on the store's CPU.
+// Pinning one again is harmless: every repetition does.
+func (s *cpuSplit) pinStore(p storeProc) error {
+	p, _, ok := p.cpu() // with its start time: a later process may get its pid
+	if !ok {
+		return errors.New("the store's process is gone")
+	}
+	if s.firstStore.pid == 0 {
+		if err := unix.SchedGetaffinity(p.pid, &s.storeHad); err != nil {
+			return fmt.Errorf("read the CPUs of the store's process %d: %w", p.pid, err)
 		}
+		s.firstStore = p
+	}
+	return setProcessAffinity(p.pid, &s.store)
+}
+
+// release gives this process every CPU of the split again, and the store
+// process p (zero: none) what it had: the first store pinned gets its own
+// CPUs back; a store started since, which inherited the clients' CPUs,
+// gets every CPU this process had.
+func (s *cpuSplit) release(p storeProc) error {
+	err := setProcessAffinity(os.Getpid(), &s.all)
+	if p.pid == 0 {
+		return err
+	}
+	set := &s.all
+	if now, _, ok := p.cpu(); ok && now == s.firstStore {
+		set = &s.storeHad
+	}
+	if serr := setProcessAffinity(p.pid, set); serr != nil && !errors.Is(serr, os.ErrNotExist) {
+		err = errors.Join(err, serr)
 	}
 	return err
 }

@@ -14,8 +14,9 @@ import (
 
 // TestCPUSplit: a store process pinned by the split runs on the store's
 // CPU only, with every thread; this process's threads, and a process it
-// starts afterwards, run on the clients' CPUs; release gives both every
-// CPU again.
+// starts afterwards, run on the clients' CPUs; release gives this process
+// every CPU again, the first store the CPUs it had, and a store started
+// since (a fresh Azurite) every CPU.
 func TestCPUSplit(t *testing.T) {
 	split, err := newCPUSplit()
 	if err != nil {
@@ -24,24 +25,35 @@ func TestCPUSplit(t *testing.T) {
 	if split.store.Count() != 1 || split.clients.Count() != split.all.Count()-1 {
 		t.Fatalf("split %s of %s: want one CPU for the store and the rest for the clients", split, cpuList(&split.all))
 	}
-	store := exec.Command("sh", "-c", "while :; do :; done")
-	if err := store.Start(); err != nil {
+	spin := func() storeProc {
+		t.Helper()
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cmd.Process.Kill()
+			cmd.Wait()
+		})
+		return storeProc{pid: cmd.Process.Pid}
+	}
+	store := spin()
+	defer split.release(store)
+	// The store had fewer CPUs than this process (a shared Azurite on
+	// CPUs of its own): release gives it those back, not this process's.
+	had := split.clients
+	if err := setProcessAffinity(store.pid, &had); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		store.Process.Kill()
-		store.Wait()
-	}()
-	defer split.release(store.Process.Pid)
 
-	if err := split.pinStore(store.Process.Pid); err != nil {
+	if err := split.pinStore(store); err != nil {
 		t.Fatal(err)
 	}
-	if err := threadsOnCPUs(store.Process.Pid, &split.store); err != nil {
+	if err := threadsOnCPUs(store.pid, &split.store); err != nil {
 		t.Error(err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	if cpu, err := lastCPU(store.Process.Pid); err != nil {
+	if cpu, err := lastCPU(store.pid); err != nil {
 		t.Error(err)
 	} else if !split.store.IsSet(cpu) {
 		t.Errorf("the store ran on CPU %d, not the store's %s", cpu, cpuList(&split.store))
@@ -53,27 +65,32 @@ func TestCPUSplit(t *testing.T) {
 	if err := threadsOnCPUs(os.Getpid(), &split.clients); err != nil {
 		t.Error(err)
 	}
-	child := exec.Command("sleep", "10")
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		child.Process.Kill()
-		child.Wait()
-	}()
-	if err := threadsOnCPUs(child.Process.Pid, &split.clients); err != nil {
+	fresh := spin() // as -fresh-azurite's, started by a pinned client
+	if err := threadsOnCPUs(fresh.pid, &split.clients); err != nil {
 		t.Errorf("a process started by a pinned client: %v", err)
 	}
-
-	if err := split.release(store.Process.Pid); err != nil {
+	if err := split.pinStore(fresh); err != nil {
 		t.Fatal(err)
 	}
-	for _, pid := range []int{os.Getpid(), store.Process.Pid} {
+	if err := threadsOnCPUs(fresh.pid, &split.store); err != nil {
+		t.Error(err)
+	}
+
+	if err := split.release(fresh); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range []int{os.Getpid(), fresh.pid} {
 		if err := threadsOnCPUs(pid, &split.all); err != nil {
 			t.Errorf("after release: %v", err)
 		}
 	}
-	if err := split.release(1 << 30); err != nil {
+	if err := split.release(store); err != nil {
+		t.Fatal(err)
+	}
+	if err := threadsOnCPUs(store.pid, &had); err != nil {
+		t.Errorf("the first store after release: %v", err)
+	}
+	if err := split.release(storeProc{pid: 1 << 30}); err != nil {
 		t.Errorf("release with a store that is gone: %v", err)
 	}
 }

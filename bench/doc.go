@@ -11,8 +11,9 @@
 //   - seq-write-own-cpu: seq-write with Azurite's threads on a CPU of
 //     their own and the clients (this process, the mounts it starts) on
 //     the others, as a store elsewhere is: on shared CPUs Azurite's one
-//     JavaScript thread decides seq-write, here the clients' own costs do
-//     (cpuSplit; needs Azurite on this machine and 2 CPUs).
+//     JavaScript thread decides seq-write for both sides, here each meets
+//     its own bound, the store's CPU or the client's (cpuSplit; needs
+//     Azurite on this machine and 2 CPUs).
 //   - seq-read-warm (informational): seq-read on one mount for every
 //     repetition, after an untimed read, round a ring of blobs large
 //     enough that none is in the block cache when read: the read without

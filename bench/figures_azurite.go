@@ -152,7 +152,7 @@ func blobfsCacheBytes(args []string) int64 {
 // integrity check (a Content-MD5 on every block).
 func (r *runner) seqWrite(ctx context.Context) Row {
 	row := Row{ID: FigSeqWrite, Figure: fmt.Sprintf("sequential write %s until durable, Content-MD5 on every block (Azurite)", human(r.cfg.Size)), Unit: UnitMBps, Target: Target{Min: 1}}
-	return r.seqWriteRow(ctx, row, nil, 0)
+	return r.seqWriteRow(ctx, row, nil)
 }
 
 // errNoCPUOfItsOwn: seqWriteOwnCPU cannot give Azurite a CPU of its own
@@ -160,50 +160,48 @@ func (r *runner) seqWrite(ctx context.Context) Row {
 var errNoCPUOfItsOwn = errors.New("Azurite cannot be given a CPU of its own")
 
 // seqWriteOwnCPU: seqWrite with Azurite on a CPU of its own and every
-// client on the others (cpuSplit), as a store elsewhere is: the clients'
-// own costs decide it, where on shared CPUs Azurite's one thread does.
+// client on the others (cpuSplit), as a store elsewhere is. On shared
+// CPUs Azurite's one thread decides seqWrite for both sides; here each
+// side meets its own bound: the store's CPU, or its own.
 func (r *runner) seqWriteOwnCPU(ctx context.Context) Row {
 	row := Row{ID: FigSeqWriteOwnCPU, Unit: UnitMBps, Target: Target{Min: 1}}
 	split, err := newCPUSplit()
-	if err == nil {
-		row.Figure = fmt.Sprintf("sequential write %s until durable, Content-MD5 on every block (Azurite on CPU %s of its own, the clients on CPU %s)",
-			human(r.cfg.Size), cpuList(&split.store), cpuList(&split.clients))
-	} else {
+	if err != nil {
 		row.Figure = fmt.Sprintf("sequential write %s until durable, Content-MD5 on every block (Azurite on a CPU of its own)", human(r.cfg.Size))
 		row.Err = fmt.Errorf("%w: %w", errNoCPUOfItsOwn, err)
 		return row
 	}
+	row.Figure = fmt.Sprintf("sequential write %s until durable, Content-MD5 on every block (Azurite on CPU %s of its own, the clients on CPU %s)",
+		human(r.cfg.Size), cpuList(&split.store), cpuList(&split.clients))
 	proc, ok := r.az.storeProcess()
 	if !ok {
 		row.Err = fmt.Errorf("%w: its process is not on this machine, or not readable", errNoCPUOfItsOwn)
 		return row
 	}
+	// Before any pinning: one that fails half way is undone too.
+	defer func() {
+		// The Azurite of the end: -fresh-azurite replaces it.
+		end, _ := r.az.storeProcess()
+		if err := split.release(end); err != nil {
+			r.logf("%s: giving the CPUs back: %v", row.ID, err)
+		}
+	}()
 	if err := split.pinClients(); err != nil {
 		row.Err = err
 		return row
 	}
-	defer func() {
-		// The Azurite of the end: -fresh-azurite replaces it.
-		pid := 0
-		if p, ok := r.az.storeProcess(); ok {
-			pid = p.pid
-		}
-		if err := split.release(pid); err != nil {
-			r.logf("%s: giving the CPUs back: %v", row.ID, err)
-		}
-	}()
-	if err := split.pinStore(proc.pid); err != nil {
+	if err := split.pinStore(proc); err != nil {
 		row.Err = err
 		return row
 	}
 	r.logf("%s: %s (Azurite pid %d)", row.ID, split, proc.pid)
-	return r.seqWriteRow(ctx, row, split, proc.pid)
+	return r.seqWriteRow(ctx, row, split)
 }
 
-// seqWriteRow measures seqWrite's figure into row. With split, every
-// fresh Azurite is put on the store's CPU before its repetition (it
-// inherits the clients' CPUs from this process).
-func (r *runner) seqWriteRow(ctx context.Context, row Row, split *cpuSplit, azuritePid int) Row {
+// seqWriteRow measures seqWrite's figure into row. With split, the
+// Azurite of every repetition is put on the store's CPU first: a fresh
+// one started by this process may have inherited the clients' CPUs.
+func (r *runner) seqWriteRow(ctx context.Context, row Row, split *cpuSplit) Row {
 	size := r.cfg.Size
 	data := r.largeData()
 	newName := func() string { return fmt.Sprintf("write-sdk-%d.bin", r.unique()) }
@@ -226,11 +224,7 @@ func (r *runner) seqWriteRow(ctx context.Context, row Row, split *cpuSplit, azur
 		if !ok {
 			return errors.New("Azurite's process is no longer found on this machine")
 		}
-		if proc.pid != azuritePid {
-			azuritePid = proc.pid
-			return split.pinStore(proc.pid)
-		}
-		return nil
+		return split.pinStore(proc)
 	}
 	for i := range baselines {
 		prepare := baselines[i].prepare

@@ -235,16 +235,16 @@ func (r *runner) storeCPUMeter(fig string) func() func(phase time.Duration) stri
 	}
 }
 
+// minSharePhase: the shortest phase whose main-thread share is printed
+// (two readings a tick of 10 ms off: 2 points at 1 s).
+const minSharePhase = time.Second
+
 // storeCPUSuffix formats the meter's reading: the CPU time the process
 // used, and, if known (loopOK), its main thread's share of the phase's
 // time. /proc counts in ticks of 10 ms, and each of the two readings can
 // be a tick off either way: over a phase shorter than minSharePhase that
 // is more than a few points, so the share is left out; it is capped at
 // 100%.
-// minSharePhase: the shortest phase whose main-thread share is printed
-// (two readings a tick of 10 ms off: 2 points at 1 s).
-const minSharePhase = time.Second
-
 func storeCPUSuffix(used, loop time.Duration, loopOK bool, phase time.Duration) string {
 	if !loopOK || phase < minSharePhase {
 		return fmt.Sprintf("  (Azurite CPU %.2f s)", used.Seconds())
