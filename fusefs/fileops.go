@@ -104,10 +104,18 @@ func (fs *FS) acquireFileLocked(n *node) *openFile {
 // that fails for a reason that may pass, a background retry keeps the data
 // and tries again; otherwise the spill file is kept in lost+found.
 func (fs *FS) releaseFile(of *openFile) {
-	if fs.opts.WriteBack && fs.ctx.Err() == nil {
+	if fs.opts.WriteBack {
 		of.mu.Lock()
 		dirty, queued := of.dirty(), of.writeBackQueued
 		of.mu.Unlock()
+		if dirty && !queued && fs.ctx.Err() != nil {
+			// Closed without a Sync before this file's upload started
+			// (its RELEASE came after Close): left to the successor
+			// like the uploads under way (abandonWriteBack), not
+			// committed under a cancelled context into lost+found.
+			fs.abandonWriteBack(of)
+			return
+		}
 		fs.mu.Lock()
 		last := of.refs == 1
 		fs.mu.Unlock()

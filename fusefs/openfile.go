@@ -65,11 +65,17 @@ type openFile struct {
 	// writeBackQueued: a background upload of this file has started and
 	// not ended (writeback.go).
 	writeBackQueued bool
-	spill           *os.File
-	spillPath       string
-	size            int64
-	gen             uint64 // bumped by every change
-	committedGen    uint64
+	// writeBackReserved is what a FLUSH that left the upload for later
+	// counted against the write-back bound (flushNow), until the upload
+	// starts and takes it over or the file turns out clean. Counted at the
+	// FLUSH, not at the RELEASE that follows it asynchronously: closes in
+	// a row would otherwise all see the bound before any RELEASE.
+	writeBackReserved int64
+	spill             *os.File
+	spillPath         string
+	size              int64
+	gen               uint64 // bumped by every change
+	committedGen      uint64
 	// baseETag is the If-Match of the next commit: the ETag the spill
 	// file was loaded from or this file last committed.
 	baseETag string

@@ -43,16 +43,30 @@ func writeBackCharge(size int64) int64 { return max(size, writeBackMinCharge) }
 
 // flushNow tells whether FLUSH (close) must upload h's file now: always
 // without write-back; with it, only when the file would pass the bound of
-// bytes waiting for upload.
+// bytes waiting for upload. A file left for later is counted against the
+// bound here (of.writeBackReserved), so that the next close sees it.
 func (fs *FS) flushNow(h *handle) bool {
 	if !fs.opts.WriteBack || !h.write || fs.ctx.Err() != nil {
 		return true
 	}
 	of := h.of
 	of.mu.Lock()
-	dirty, size, queued := of.dirty(), of.size, of.writeBackQueued
-	of.mu.Unlock()
-	return dirty && !queued && fs.writeBackPending.Load()+writeBackCharge(size) > fs.opts.WriteBackBytes
+	defer of.mu.Unlock()
+	if !of.dirty() || of.writeBackQueued {
+		return false // nothing to upload, or its upload runs already
+	}
+	extra := writeBackCharge(of.size) - of.writeBackReserved
+	for extra > 0 {
+		pending := fs.writeBackPending.Load()
+		if pending+extra > fs.opts.WriteBackBytes {
+			return true
+		}
+		if fs.writeBackPending.CompareAndSwap(pending, pending+extra) {
+			of.writeBackReserved += extra
+			break
+		}
+	}
+	return false
 }
 
 // writeBackLater uploads of, which is dirty, in the background, with a
@@ -64,6 +78,11 @@ func (fs *FS) flushNow(h *handle) bool {
 func (fs *FS) writeBackLater(of *openFile, handedRef bool) {
 	of.mu.Lock()
 	if of.writeBackQueued || !of.dirty() {
+		// What a FLUSH reserved goes with the upload that runs, or is
+		// not needed: the file was committed since (fsync, a close over
+		// the bound).
+		fs.writeBackPending.Add(-of.writeBackReserved)
+		of.writeBackReserved = 0
 		of.mu.Unlock()
 		if handedRef {
 			fs.releaseFile(of)
@@ -72,8 +91,10 @@ func (fs *FS) writeBackLater(of *openFile, handedRef bool) {
 	}
 	of.writeBackQueued = true
 	charge := writeBackCharge(of.size)
+	// The charge, less what the FLUSH reserved already.
+	fs.writeBackPending.Add(charge - of.writeBackReserved)
+	of.writeBackReserved = 0
 	of.mu.Unlock()
-	fs.writeBackPending.Add(charge)
 	if !handedRef {
 		fs.mu.Lock()
 		of.refs++

@@ -220,6 +220,65 @@ func TestWriteBackBoundCountsFiles(t *testing.T) {
 	}
 }
 
+// A file left for later counts against the bound at its close, not at
+// the RELEASE that follows it asynchronously (or, here, when its other
+// writer handle goes): closes in a row each see the files before them.
+func TestWriteBackBoundCountsAtClose(t *testing.T) {
+	mem := blobstore.NewMemory()
+	mnt, fsys := mountStore(t, mem, Options{WriteBack: true, WriteBackBytes: 2 * writeBackMinCharge})
+	const n = 6
+	var held []*os.File
+	defer func() {
+		for _, f := range held {
+			f.Close()
+		}
+	}()
+	for i := range n {
+		path := join(mnt, fmt.Sprintf("%d", i))
+		w, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A second writer: the upload of a file left for later waits
+		// for it, so no RELEASE counts the file before the next close.
+		hold, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, hold)
+		if _, err := w.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in := 0
+	for i := range n {
+		if storeHas(t, mem, fmt.Sprintf("%d", i), []byte("x")) {
+			in++
+		}
+	}
+	if in != n-2 {
+		t.Errorf("%d of %d files in the store after their closes; with room for 2 waiting, want %d", in, n, n-2)
+	}
+	for _, f := range held {
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held = nil
+	waitFor(t, "every file in the store", func() bool {
+		for i := range n {
+			if !storeHas(t, mem, fmt.Sprintf("%d", i), []byte("x")) {
+				return false
+			}
+		}
+		return true
+	})
+	waitFor(t, "nothing counted against the bound", func() bool { return fsys.Stats().WriteBackBytes == 0 })
+}
+
 // Close without Sync (a handoff to another process) does not wait for
 // write-back uploads, and does not move their data to lost+found: the
 // spill file stays, and a successor on the cache directory uploads it.
