@@ -151,8 +151,14 @@ func blobfsCacheBytes(args []string) int64 {
 // the blob is in the store, against the fastest SDK upload with the same
 // integrity check (a Content-MD5 on every block).
 func (r *runner) seqWrite(ctx context.Context) Row {
-	row := Row{ID: FigSeqWrite, Figure: fmt.Sprintf("sequential write %s until durable, Content-MD5 on every block (Azurite)", human(r.cfg.Size)), Unit: UnitMBps, Target: Target{Min: 1}}
+	row := Row{ID: FigSeqWrite, Figure: r.seqWriteTitle("Azurite"), Unit: UnitMBps, Target: Target{Min: 1}}
 	return r.seqWriteRow(ctx, row, nil)
+}
+
+// seqWriteTitle is the figure of a seqWrite row, where says where the
+// store ran.
+func (r *runner) seqWriteTitle(where string) string {
+	return fmt.Sprintf("sequential write %s until durable, Content-MD5 on every block (%s)", human(r.cfg.Size), where)
 }
 
 // errNoCPUOfItsOwn: seqWriteOwnCPU cannot give Azurite a CPU of its own
@@ -167,12 +173,11 @@ func (r *runner) seqWriteOwnCPU(ctx context.Context) Row {
 	row := Row{ID: FigSeqWriteOwnCPU, Unit: UnitMBps, Target: Target{Min: 1}}
 	split, err := newCPUSplit()
 	if err != nil {
-		row.Figure = fmt.Sprintf("sequential write %s until durable, Content-MD5 on every block (Azurite on a CPU of its own)", human(r.cfg.Size))
+		row.Figure = r.seqWriteTitle("Azurite on a CPU of its own")
 		row.Err = fmt.Errorf("%w: %w", errNoCPUOfItsOwn, err)
 		return row
 	}
-	row.Figure = fmt.Sprintf("sequential write %s until durable, Content-MD5 on every block (Azurite on CPU %s of its own, the clients on CPU %s)",
-		human(r.cfg.Size), cpuList(&split.store), cpuList(&split.clients))
+	row.Figure = r.seqWriteTitle(fmt.Sprintf("Azurite on CPU %s of its own, the clients on CPU %s", cpuList(&split.store), cpuList(&split.clients)))
 	proc, ok := r.az.storeProcess()
 	if !ok {
 		row.Err = fmt.Errorf("%w: its process is not on this machine, or not readable", errNoCPUOfItsOwn)

@@ -57,24 +57,29 @@ func (a *azureEnv) storeProcess() (storeProc, bool) {
 // cpu reads the process's CPU time so far and returns it with the
 // process as it is now (its start time filled in).
 func (p storeProc) cpu() (storeProc, time.Duration, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid))
-	if err != nil {
+	cpu, start, ok := readStat(fmt.Sprintf("/proc/%d/stat", p.pid))
+	if !ok {
 		return storeProc{}, 0, false
 	}
-	cpu, start, ok := parseStat(string(b))
-	return storeProc{p.pid, start}, cpu, ok
+	return storeProc{p.pid, start}, cpu, true
 }
 
 // mainThreadCPU reads the CPU time of the process's main thread (the
 // thread whose id is the pid) so far: Azurite's JavaScript event loop,
 // which parses, authorises and stores every request on that one thread.
 func (p storeProc) mainThreadCPU() (time.Duration, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", p.pid, p.pid))
-	if err != nil {
-		return 0, false
-	}
-	cpu, _, ok := parseStat(string(b))
+	cpu, _, ok := readStat(fmt.Sprintf("/proc/%d/task/%d/stat", p.pid, p.pid))
 	return cpu, ok
+}
+
+// readStat reads a /proc stat file (a process's or a thread's) and
+// parses it.
+func readStat(path string) (cpu time.Duration, start uint64, ok bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, false
+	}
+	return parseStat(string(b))
 }
 
 // loopbackPort returns the port of endpoint when its host is a loopback
