@@ -320,16 +320,25 @@ func (fs *FS) storeAttrs(ctx context.Context, n *node, path string, mtime *time.
 // current metadata plus n's attributes, conditional on ifMatch if given
 // (else on the ETag it reads).
 func (fs *FS) setAttrsInStore(ctx context.Context, n *node, path, ifMatch string, mtime *time.Time) (blobstore.Attrs, error) {
+	_, a, err := fs.setAttrsInStoreFrom(ctx, n, path, ifMatch, mtime)
+	return a, err
+}
+
+// setAttrsInStoreFrom is setAttrsInStore that also returns the ETag the
+// blob had just before this change: the change is conditional on it, so
+// the blob went from that ETag to the returned one by this change alone.
+func (fs *FS) setAttrsInStoreFrom(ctx context.Context, n *node, path, ifMatch string, mtime *time.Time) (before string, _ blobstore.Attrs, _ error) {
 	a, err := fs.store.Stat(ctx, path)
 	if err != nil {
-		return blobstore.Attrs{}, err
+		return "", blobstore.Attrs{}, err
 	}
 	if ifMatch != "" && a.ETag != ifMatch {
-		return blobstore.Attrs{}, fmt.Errorf("set attributes of %q: %w", path, blobstore.ErrPreconditionFailed)
+		return "", blobstore.Attrs{}, fmt.Errorf("set attributes of %q: %w", path, blobstore.ErrPreconditionFailed)
 	}
 	md := copyMeta(a.Metadata)
 	fs.fillAttrMeta(n, md, a.ModTime, mtime)
-	return fs.store.SetMetadata(ctx, path, md, blobstore.Conditions{IfMatch: a.ETag})
+	after, err := fs.store.SetMetadata(ctx, path, md, blobstore.Conditions{IfMatch: a.ETag})
+	return a.ETag, after, err
 }
 
 // fillAttrMeta writes n's attributes into md, and the modification time:

@@ -350,7 +350,25 @@ func (of *openFile) setAttrs(ctx context.Context, path string, mtime *time.Time)
 		return true, nil // unlinked: nothing to store
 	}
 	if of.spill == nil {
-		return false, nil // the caller writes the blob's metadata
+		// Nothing loaded yet: the blob's metadata is written here, under
+		// mu, so that a writer's first change cannot load the blob
+		// between this write and the condition moving with it.
+		before, a, err := of.fs.setAttrsInStoreFrom(ctx, of.n, path, "", mtime)
+		if err != nil {
+			return true, err
+		}
+		if of.opened && !of.exclusive && of.openETag == before {
+			// This mount's own metadata change is not another writer:
+			// the content the writers saw at open is still the blob's,
+			// under the ETag the change gave it. Without this, the
+			// first write after a chmod or utime would load the blob,
+			// find a new ETag and fail its commit (ESTALE).
+			of.openETag = a.ETag
+		}
+		of.fs.mu.Lock()
+		of.fs.applyEntryLocked(of.n, entryFromAttrs(a))
+		of.fs.mu.Unlock()
+		return true, nil
 	}
 	a, err := of.fs.setAttrsInStore(ctx, of.n, path, of.baseETag, mtime)
 	if err != nil {
