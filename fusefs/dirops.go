@@ -262,9 +262,11 @@ func (fs *FS) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntry
 			*e = fuse.EntryOut{}
 			continue
 		}
-		n := fs.nodes.bind(h.n.id, it.name, it.entry.kind)
-		if !(n.file != nil && n.file.hasSpill.Load()) && !it.entry.pending {
-			fs.applyEntryLocked(n, *it.entry)
+		var n *node
+		if !it.entry.pending {
+			n = fs.bindEntryLocked(h.n.id, it.name, *it.entry)
+		} else {
+			n = fs.nodes.bind(h.n.id, it.name, it.entry.kind)
 		}
 		fs.nodes.ref(n)
 		fs.fillEntry(n, e)

@@ -286,33 +286,57 @@ func TestPassthroughReadOnlyMount(t *testing.T) {
 	}
 	syscall.Munmap(m)
 
-	// The blob replaced by another client while r1 is open: a new open
-	// joins r1's backing file (any other open would fail) and reads the
-	// version r1 reads.
-	other := pattern(1<<20, 8)
-	putBlob(t, mem, "f", other, nil)
-	time.Sleep(1100 * time.Millisecond) // past the attribute timeout
+	// A second open of the same version joins r1's backing file.
 	r2, err := os.Open(path)
 	if err != nil {
-		t.Fatalf("open while a passthrough handle is open on the old version: %v", err)
+		t.Fatalf("second open of a passthrough file: %v", err)
 	}
-	head := make([]byte, 4096)
-	if _, err := r2.ReadAt(head, 0); err != nil || !bytes.Equal(head, data[:4096]) {
-		t.Fatalf("the joining open read %v, equal to the old version %v", err, bytes.Equal(head, data[:4096]))
+	defer r2.Close()
+	if s := fsys.Stats(); s.PassthroughOpens != 2 {
+		t.Errorf("passthrough opens %d after a second open of one version, want 2", s.PassthroughOpens)
 	}
-	r2.Close()
-	r1.Close()
-	// All closed: the next open reads the new version.
-	waitFor(t, "the replaced blob read through the mount", func() bool {
+
+	// The blob replaced by another client while r1 and r2 are open: new
+	// opens read the new version once the attribute timeout has passed
+	// (as without passthrough; the kernel's open fails with EIO when a
+	// server mixes passthrough and other opens of one inode, so they
+	// must get a new one), while r1 and r2 keep reading the old version
+	// and their fstat gives its size: one version per handle.
+	other := pattern(1<<20, 8)
+	putBlob(t, mem, "f", other, nil)
+	var opens int
+	waitFor(t, "new opens read the replaced blob while passthrough handles of the old one are open", func() bool {
+		opens++
 		f, err := os.Open(path)
 		if err != nil {
-			return false
+			t.Fatalf("open %d after the blob was replaced: %v", opens, err)
 		}
 		defer f.Close()
 		got, err := io.ReadAll(f)
+		if err != nil {
+			t.Fatalf("read of open %d after the blob was replaced: %v", opens, err)
+		}
+		if !bytes.Equal(got, other) && !bytes.Equal(got, data) {
+			t.Fatalf("open %d read %d bytes of neither version", opens, len(got))
+		}
 		unix_fadviseDontNeed(f)
-		return err == nil && bytes.Equal(got, other)
+		return bytes.Equal(got, other)
 	})
+	if st, err := os.Stat(path); err != nil || st.Size() != int64(len(other)) {
+		t.Errorf("stat of the name after the new version was read: %v, size %d, want %d", err, st.Size(), len(other))
+	}
+	for i, h := range []*os.File{r1, r2} {
+		if st, err := h.Stat(); err != nil || st.Size() != int64(len(data)) {
+			t.Errorf("fstat of held handle %d: %v, size %d, want the old version's %d", i+1, err, st.Size(), len(data))
+		}
+		tail := make([]byte, 4096)
+		off := int64(len(data) - len(tail))
+		if _, err := h.ReadAt(tail, off); err != nil || !bytes.Equal(tail, data[off:]) {
+			t.Errorf("held handle %d read the old version's tail: %v, equal %v", i+1, err, bytes.Equal(tail, data[off:]))
+		}
+	}
+	r2.Close()
+	r1.Close()
 	// RELEASE follows the last close asynchronously.
 	waitFor(t, "no handle counted once all are closed", func() bool {
 		fsys.mu.Lock()

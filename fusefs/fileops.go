@@ -278,7 +278,13 @@ func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.S
 		}
 		fs.mu.Lock()
 		fs.applyEntryLocked(n, entryFromAttrs(a))
+		superseded := n.superseded
 		fs.mu.Unlock()
+		if superseded {
+			// Replaced while its passthrough handles read the old
+			// version: the kernel looks the name up again.
+			return fuse.Status(syscall.ESTALE)
+		}
 	}
 
 	of := fs.acquireFile(n)

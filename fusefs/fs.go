@@ -342,9 +342,15 @@ func (fs *FS) fillEntry(n *node, out *fuse.EntryOut) {
 }
 
 // applyEntryLocked records what the store (or a listing) says about n,
-// unless n's content is held locally and newer.
+// unless n's content is held locally and newer, or n's passthrough
+// handles read another version: then n keeps the attributes of the
+// version they read and gives up its name (supersedeLocked).
 func (fs *FS) applyEntryLocked(n *node, e dirEntry) {
 	if n.file != nil && n.file.hasSpill.Load() {
+		return
+	}
+	if n.io.pinnedToOtherVersion(e) {
+		fs.supersedeLocked(n)
 		return
 	}
 	n.size, n.mtime, n.etag, n.sum = e.size, e.mtime, e.etag, e.sum
@@ -423,6 +429,12 @@ func (fs *FS) node(id uint64) (*node, string, fuse.Status) {
 	}
 	p, ok := fs.nodes.path(n)
 	if !ok {
+		if n.superseded {
+			// Its name now has a node for a newer version: the
+			// kernel looks the name up again (LOOKUP_REVAL) and
+			// retries an open(2) or stat(2) that met this one.
+			return n, "", fuse.Status(syscall.ESTALE)
+		}
 		// Unlinked but still open: reachable by handle only.
 		return n, "", fuse.ENOENT
 	}
@@ -529,9 +541,21 @@ func (fs *FS) resolve(ctx context.Context, dir *node, dirPath, name string) (*no
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	n := fs.nodes.bind(dir.id, name, e.kind)
+	return fs.bindEntryLocked(dir.id, name, e), nil
+}
+
+// bindEntryLocked binds (parent, name) to a node for entry e and records
+// e on it. A node whose passthrough handles read another version than e
+// keeps that version and gives the name to a new node: the kernel then
+// makes a new inode for it, whose opens read e's version.
+func (fs *FS) bindEntryLocked(parent uint64, name string, e dirEntry) *node {
+	n := fs.nodes.bind(parent, name, e.kind)
+	if n.io.pinnedToOtherVersion(e) {
+		fs.supersedeLocked(n)
+		n = fs.nodes.bind(parent, name, e.kind)
+	}
 	fs.applyEntryLocked(n, e)
-	return n, nil
+	return n
 }
 
 // listedDir renews the binding of directory name in dir, and returns its

@@ -26,10 +26,15 @@ import (
 //     through blobfs instead;
 //   - each node counts its handles by io mode (node.io): a file held
 //     whole becomes passthrough only when no cached-mode handle is open;
-//   - while a node has passthrough handles, every new open joins their
-//     backing file, so it reads the version they read even if the blob
-//     changed in the store meanwhile; the first open after they are all
-//     closed sees the new version;
+//   - while a node has passthrough handles, every open of that node joins
+//     their backing file. When the blob changes in the store meanwhile,
+//     the node keeps the version its handles read (its size and times
+//     too, so that fstat and read agree) and gives its name up: the next
+//     lookup binds the name to a new node, a new inode in the kernel,
+//     whose opens read the new version. An open or stat that still meets
+//     the old node through the kernel's cached name gets ESTALE, on which
+//     the kernel looks the name up again and retries: new opens see a
+//     change as soon as they would without passthrough (AttrTimeout);
 //   - read-only opens never get FOPEN_DIRECT_IO while passthrough is
 //     possible (Options.DirectReadMinBytes is then unused): an mmap of
 //     such a handle would put the inode in cached mode unseen.
@@ -58,6 +63,28 @@ type ioOpens struct {
 	backingETag string
 	// backing is the pinned cache file (nil when restored).
 	backing *diskEntry
+}
+
+// pinnedToOtherVersion tells whether the node's passthrough handles read
+// a version of the blob other than e's. A node restored from a previous
+// process does not know its backing file's version: it is not split.
+func (io *ioOpens) pinnedToOtherVersion(e dirEntry) bool {
+	return io.passthrough > 0 && io.backingETag != "" && e.kind == kindFile &&
+		!e.pending && e.etag != "" && e.etag != io.backingETag
+}
+
+// supersedeLocked detaches n, whose passthrough handles read a version of
+// its blob that the store no longer has, from its name: it keeps its
+// attributes (those of the version its handles read) until the kernel
+// forgets it, and its name goes to a new node at the next lookup.
+func (fs *FS) supersedeLocked(n *node) {
+	if n.parent == 0 {
+		return
+	}
+	path, _ := fs.nodes.path(n)
+	fs.log.Debug("blob replaced while open with passthrough: the open handles keep their version, new opens get a new node", "path", path, "node", n.id)
+	n.superseded = true
+	fs.nodes.detach(n)
 }
 
 // passthrough is a mount's use of FUSE passthrough.
