@@ -162,12 +162,14 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 			if err == nil {
 				size, etag = a.Size, a.ETag
 				of.baseMeta = a.Metadata
+				of.fs.recordLoading(f, path)
 				err = of.fs.download(ctx, path, etag, size, sumOf(a.ContentMD5), f)
 			}
 			if err != nil {
 				of.fs.spills.put(f)
 				return err
 			}
+			of.fs.crashPoint("load", "downloaded", path)
 			of.baseETag = etag
 			if of.opened && (of.openETag != "" || of.exclusive) && etag != of.openETag {
 				// Replaced (or created) since the writer opened it:

@@ -108,6 +108,25 @@ func (of *openFile) recordLocked(dirty bool) {
 	of.recorded = string(b)
 }
 
+// recordLoading gives a spill file about to receive a copy of blob a
+// record that says it holds nothing unsaved: a process killed during the
+// download leaves a file with the store's bytes (and holes), which
+// recovery must remove, not keep in lost+found as data it could not
+// upload. The record of the change that needed the copy (recordLocked)
+// replaces it before that change is applied.
+func (fs *FS) recordLoading(f *os.File, blob string) {
+	if fs.noSpillRecords.Load() {
+		return // said once, by recordLocked
+	}
+	b, err := json.Marshal(spillRecord{Store: fs.opts.StoreID, Blob: blob})
+	if err != nil {
+		return
+	}
+	if err := unix.Fsetxattr(int(f.Fd()), spillRecordXattr, b, 0); err != nil {
+		fs.log.Debug("spill file: cannot record that it is being loaded", "spill", f.Name(), "err", err)
+	}
+}
+
 // readSpillRecord reads a spill file's record; ok is false when it has
 // none, or the empty one of a pooled file (clearSpillRecord), which
 // rec.Pooled then names.

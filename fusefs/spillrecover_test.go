@@ -411,3 +411,38 @@ func TestSpillRecordCurrentDuringCommitAfterDirRename(t *testing.T) {
 		t.Fatalf("record while the commit is in flight: %+v (found %v); want blob e/f, If-Match %s", rec, found, a.ETag)
 	}
 }
+
+// TestKillDuringDownloadKeepsNothing: the serving process is killed while
+// it copies an existing blob into a spill file for a write (read-modify-
+// write), before the write is applied. Its successor applies the resent
+// write and commits it at close; the half-made spill file held only the
+// store's bytes, so nothing goes to lost+found and no spill file stays.
+// (Issue 38, defect 4: each such kill left a file in lost+found, with a
+// warning that data could not be uploaded.)
+func TestKillDuringDownloadKeepsNothing(t *testing.T) {
+	h := newRestartHarness(t)
+	h.start()
+	s := h.localStore()
+	old := pattern(9<<20, 7) // more than one download chunk
+	putBlob(t, s, "big", old, nil)
+	f, err := os.OpenFile(join(h.mnt, "big"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	err = crashAndRestart(t, h, "load/downloaded/big", func() error {
+		_, err := f.WriteAt([]byte("NEW"), 5)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("write across the kill: %v", err)
+	}
+	mustClose(t, f.Close())
+	want := bytes.Clone(old)
+	copy(want[5:], "NEW")
+	wantBlob(t, s, "big", want)
+	waitNoSpillFiles(t, h.cache)
+	if kept, _ := filepath.Glob(join(h.cache, "lost+found", "*")); len(kept) > 0 {
+		t.Errorf("lost+found holds %v after a kill during a download, want nothing", kept)
+	}
+}
