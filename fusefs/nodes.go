@@ -46,15 +46,15 @@ func (k nodeKind) String() string {
 }
 
 type node struct {
-	id      uint64
-	parent  uint64 // 0 once detached (unlinked, or replaced by another node)
+	id     uint64
+	parent uint64 // 0 once detached (unlinked, or replaced by another node)
 	// superseded: detached because its name was given to a node for a
 	// newer version of the blob while this one's passthrough handles
 	// read the old one (passthrough.go).
 	superseded bool
-	name    string
-	kind    nodeKind
-	lookups uint64 // kernel references
+	name       string
+	kind       nodeKind
+	lookups    uint64 // kernel references
 	// children counts the names bound under this directory node; a
 	// directory with children stays in the table because their paths go
 	// through it.
