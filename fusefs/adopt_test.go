@@ -89,25 +89,31 @@ func serveChild() error {
 	if err != nil {
 		return err
 	}
-	// BLOBFS_TEST_CRASH names a crash point (FS.crashPoint) where this
-	// process kills itself: after the store changed and before the reply,
-	// for instance.
-	// BLOBFS_TEST_CRASH_AFTER=N passes the point N times first.
-	if where := os.Getenv("BLOBFS_TEST_CRASH"); where != "" {
-		var passes atomic.Int64
-		after, _ := strconv.ParseInt(os.Getenv("BLOBFS_TEST_CRASH_AFTER"), 10, 64)
-		fsys.crashHook = func(at string) {
-			if at == where && passes.Add(1) > after {
-				syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			}
-		}
-	}
+	crashFromEnv(fsys)
 	sess, err := Serve(os.Getenv("BLOBFS_TEST_MOUNT"), 3, fsys, MountOptions{Logger: childLogger()})
 	if err != nil {
 		return err
 	}
 	fmt.Println("ready")
 	return sess.Wait()
+}
+
+// crashFromEnv makes a serving child kill itself where BLOBFS_TEST_CRASH
+// names a crash point (FS.crashPoint): after the store changed and before
+// the reply, for instance. BLOBFS_TEST_CRASH_AFTER=N passes the point N
+// times first.
+func crashFromEnv(fsys *FS) {
+	where := os.Getenv("BLOBFS_TEST_CRASH")
+	if where == "" {
+		return
+	}
+	var passes atomic.Int64
+	after, _ := strconv.ParseInt(os.Getenv("BLOBFS_TEST_CRASH_AFTER"), 10, 64)
+	fsys.crashHook = func(at string) {
+		if at == where && passes.Add(1) > after {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+	}
 }
 
 // childLogger logs to stderr when BLOBFS_TEST_SERVE_LOG is set.

@@ -538,6 +538,11 @@ func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string, 
 	if !inStore {
 		return nil // nothing stored yet: the next commit uses the new name
 	}
+	// A process that dies between the Copy and the Delete, with its
+	// keeper, leaves both names: the record lets the next one on this
+	// cache directory finish the move (renamerecord.go).
+	record := fs.recordRename(srcPath, dstPath)
+	defer renameDone(record)
 	a, err := fs.store.Copy(ctx, dstPath, srcPath)
 	if resent && errors.Is(err, blobstore.ErrNotFound) {
 		// The source was there when this run resolved it (through a
@@ -549,6 +554,7 @@ func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string, 
 	if err != nil {
 		return err
 	}
+	fs.crashPoint("rename", "copied", srcPath)
 	if err := fs.store.Delete(ctx, srcPath, blobstore.Conditions{}); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
 		return err
 	}

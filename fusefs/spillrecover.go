@@ -260,6 +260,7 @@ func (fs *FS) recoverOrphans(ctx context.Context) {
 		}
 	}
 	found := len(orphans)
+	renames := fs.renameRecords()
 	fs.bg.Add(1)
 	go func() {
 		defer fs.bg.Done()
@@ -287,11 +288,21 @@ func (fs *FS) recoverOrphans(ctx context.Context) {
 				}
 				count[outcome]++
 			}
-			if orphans = again; len(orphans) == 0 || ctx.Err() != nil {
+			// After the orphans: a file written while renamed goes up
+			// under the name its record gives, before the rename that
+			// moved it is finished (or found changed, and left).
+			var renamesAgain []string
+			for _, path := range renames {
+				if err := fs.finishRename(ctx, path); err != nil {
+					renamesAgain = append(renamesAgain, path)
+				}
+			}
+			orphans, renames = again, renamesAgain
+			if len(orphans)+len(renames) == 0 || ctx.Err() != nil {
 				return
 			}
-			fs.log.Warn("the store cannot be reached; files left open by a lost session wait in the cache directory to be uploaded",
-				"files", len(orphans), "dir", fs.spillDir, "retry_in", delay)
+			fs.log.Warn("the store cannot be reached; files left open or renamed by a lost session wait in the cache directory",
+				"files", len(orphans), "renames", len(renames), "dir", fs.spillDir, "retry_in", delay)
 			select {
 			case <-ctx.Done():
 				return

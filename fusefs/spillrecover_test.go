@@ -34,6 +34,7 @@ func serveAlone() error {
 	if err != nil {
 		return err
 	}
+	crashFromEnv(fsys)
 	sess, err := Mount(os.Getenv(loneServeEnv), fsys, MountOptions{Logger: childLogger()})
 	if err != nil {
 		return err
@@ -444,5 +445,122 @@ func TestKillDuringDownloadKeepsNothing(t *testing.T) {
 	waitNoSpillFiles(t, h.cache)
 	if kept, _ := filepath.Glob(join(h.cache, "lost+found", "*")); len(kept) > 0 {
 		t.Errorf("lost+found holds %v after a kill during a download, want nothing", kept)
+	}
+}
+
+// TestLostSessionRenameFinished: the only serving process dies (no keeper
+// to resend the request) between a file rename's Copy and its Delete, the
+// atomic-save pattern's "f.tmp -> f". The next filesystem on the same cache
+// directory finishes the rename: exactly one name, with the content, and a
+// line that says so. (Issue 38, defect 5: both names stayed.)
+func TestLostSessionRenameFinished(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	storeDir, cache, mp := t.TempDir(), t.TempDir(), t.TempDir()
+	local, err := blobstore.NewLocal(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), loneServeEnv+"="+mp, "BLOBFS_TEST_STORE="+storeDir, "BLOBFS_TEST_CACHE="+cache,
+		"BLOBFS_TEST_CRASH=rename/copied/f.tmp")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); Unmount(mp, true) })
+	if line, _ := bufio.NewReader(out).ReadString('\n'); strings.TrimSpace(line) != "ready" {
+		t.Fatalf("serving process: %q", line)
+	}
+	data := []byte("saved atomically\n")
+	mustWrite(t, join(mp, "f.tmp"), data)
+	if err := os.Rename(join(mp, "f.tmp"), join(mp, "f")); err == nil {
+		t.Fatal("the rename succeeded: the serving process did not die at its crash point")
+	}
+	cmd.Wait()
+	if err := Unmount(mp, true); err != nil {
+		t.Fatal(err)
+	}
+	wantBlob(t, local, "f.tmp", data) // both names, as the dead process left them
+	wantBlob(t, local, "f", data)
+
+	log, logged := capturingLogger(t)
+	fsys, err := New(local, Options{CacheDir: cache, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	waitRecovered(t, fsys)
+	wantNoBlob(t, local, "f.tmp")
+	wantBlob(t, local, "f", data)
+	if !logLine(logged.String(), "INFO", "f.tmp") {
+		t.Errorf("no line says the rename of f.tmp was finished:\n%s", logged)
+	}
+	if left, _ := filepath.Glob(join(cache, "spill", renamePrefix+"*")); len(left) != 0 {
+		t.Errorf("rename records left after recovery: %v", left)
+	}
+}
+
+// TestRenameRecordsOfLostSession: what the next filesystem does with each
+// kind of rename record a lost session can leave (renamerecord.go): only a
+// new name that is a copy of the old one lets the old one go.
+func TestRenameRecordsOfLostSession(t *testing.T) {
+	cases := []struct {
+		name      string
+		from, to  []byte // blobs before recovery; nil: none
+		wantFrom  bool   // the old name is still there after
+		wantLevel string // the log line's level
+	}{
+		{"copied", []byte("content"), []byte("content"), false, "INFO"},
+		{"copy never landed", []byte("content"), nil, true, "INFO"},
+		{"new name written since", []byte("content"), []byte("someone else's"), true, "WARN"},
+		{"finished", nil, []byte("content"), false, "DEBUG"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			mem, cache := blobstore.NewMemory(), t.TempDir()
+			md := map[string]string{blobstore.MetaCommit: "nonce"}
+			if c.from != nil {
+				putBlob(t, mem, "a", c.from, md)
+			}
+			if c.to != nil {
+				other := md
+				if !bytes.Equal(c.to, c.from) {
+					other = map[string]string{blobstore.MetaCommit: "other"}
+				}
+				putBlob(t, mem, "b", c.to, other)
+			}
+			if err := os.MkdirAll(join(cache, "spill"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			rec, _ := json.Marshal(renameRecord{From: "a", To: "b"})
+			if err := os.WriteFile(join(cache, "spill", renamePrefix+"x"), rec, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			log, logged := capturingLogger(t)
+			fsys, err := New(mem, Options{CacheDir: cache, Logger: log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fsys.Close()
+			waitRecovered(t, fsys)
+			if _, err := mem.Stat(context.Background(), "a"); (err == nil) != c.wantFrom {
+				t.Errorf("old name there after recovery: %v, want %v", err == nil, c.wantFrom)
+			}
+			if c.to != nil {
+				wantBlob(t, mem, "b", c.to)
+			}
+			if !logLine(logged.String(), c.wantLevel, "a") {
+				t.Errorf("no %s line names the rename:\n%s", c.wantLevel, logged)
+			}
+			if left, _ := filepath.Glob(join(cache, "spill", renamePrefix+"*")); len(left) != 0 {
+				t.Errorf("rename records left after recovery: %v", left)
+			}
+		})
 	}
 }
