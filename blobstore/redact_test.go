@@ -299,3 +299,103 @@ func TestRedactingHandler(t *testing.T) {
 		}
 	}
 }
+
+// TestRedactCanaries feeds Redact each form in which a credential has
+// reached, or could reach, a log line, an event or a terminal (issue 38),
+// each with its own canary, and ordinary text that must come out as it
+// went in: volume ids, paths, blob names, the driver's own messages.
+func TestRedactCanaries(t *testing.T) {
+	jwt := "eyJhbGciOiJSUzI1NiIsImtpZCI6IjEifQ.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQifQ.CANARYjwtSig0a1b2c3d4e5f"
+	for _, tc := range []struct {
+		name   string
+		in     string
+		canary string // must be gone; "" for ordinary text, which must stay as it is
+		keep   string // must stay (the shape of what was redacted)
+	}{
+		// How protosanitizer prints a request: JSON, & escaped as \u0026.
+		{"volume_context as JSON", `{"volume_context":{"azurestorageaccountkey":"CANARYjsonKey0a1b2c3d4e","containerName":"data"},"volume_id":"acct#data"}`,
+			"CANARYjsonKey0a1b2c3d4e", `"containerName":"data"`},
+		{"SAS token as JSON", `{"parameters":{"azurestorageaccountsastoken":"sv=2022-11-02\u0026sp=rl\u0026sig=CANARYjsonSas0a1b2c3d"}}`,
+			"CANARYjsonSas0a1b2c3d", `"azurestorageaccountsastoken":"REDACTED"`},
+		{"connection string as JSON", `{"azurestorageconnectionstring":"BlobEndpoint=https://a/;SharedAccessSignature=sv=1\u0026sig=CANARYjsonConn0a1b2c"}`,
+			"CANARYjsonConn0a1b2c", `"azurestorageconnectionstring":"REDACTED"`},
+		{"msisecret as JSON", `{"msisecret":"CANARYmsi0a1b2c3d4e5f"}`, "CANARYmsi0a1b2c3d4e5f", `"msisecret"`},
+		{"JSON quoted again", `request="{\"volume_context\":{\"azurestorageaccountkey\":\"CANARYquoted0a1b2c3d\"}}"`,
+			"CANARYquoted0a1b2c3d", `\"volume_context\"`},
+		{"SAS with \\u0026 and no ?", `token sv=2022-11-02\u0026ss=b\u0026srt=sco\u0026sp=rl\u0026se=2099-01-01T00:00:00Z\u0026sig=CANARYu0026Sig0a1b2c3 rejected`,
+			"CANARYu0026Sig0a1b2c3", "rejected"},
+		{"starts with sig=", "sig=CANARYbareSig0a1b2c3d%3D&se=2099-01-01", "CANARYbareSig0a1b2c3d", "sig=REDACTED"},
+		{"quoted, starts with sig=", `--log-level "sig=CANARYquotedSig0a1b2c": use debug, info, warn or error`, "CANARYquotedSig0a1b2c", "use debug"},
+		{"%+v of a struct with a Key field", fmt.Sprintf("%+v", struct{ Account, Key, Container string }{"acct", "CANARYstructKey0a1b2c3d+/==", "data"}),
+			"CANARYstructKey0a1b2c3d", "Container:data"},
+		{"%+v of nested credentials", fmt.Sprintf("%+v", struct {
+			Name  string
+			Creds struct{ Account, SASToken string }
+		}{"v1", struct{ Account, SASToken string }{"acct", "sv=1&sp=r&sig=CANARYnested0a1b2c3d"}}), "CANARYnested0a1b2c3d", "Name:v1"},
+		{"bare JWT", "kubelet token " + jwt + " expired", "CANARYjwtSig0a1b2c3d4e5f", "expired"},
+		{"bare JWT payload", "token=" + jwt, "eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQifQ", ""},
+		{"mount option -o", "-o allow_other,azurestorageaccountkey=CANARYmountOpt0a1b2c3d,attr_timeout=1", "CANARYmountOpt0a1b2c3d", "attr_timeout=1"},
+		{"mount flag --", `["--azurestorageaccountsastoken=sv=2022-11-02&sig=CANARYmountFlag0a1b2c" "ro"]`, "CANARYmountFlag0a1b2c", `"ro"`},
+		{"%v of a map", fmt.Sprint(map[string]string{"msisecret": "CANARYmap0a1b2c3d4e5f", "server": "acct.blob.core.windows.net"}),
+			"CANARYmap0a1b2c3d4e5f", "server:acct.blob.core.windows.net"},
+		{"environment", "AZURE_STORAGE_SAS_TOKEN=CANARYenv0a1b2c3d4e5f AZURE_STORAGE_ACCOUNT=acct", "CANARYenv0a1b2c3d4e5f", "AZURE_STORAGE_ACCOUNT=acct"},
+
+		// Ordinary text: nothing to redact, and nothing redacted.
+		{"volume id", "canaryacct#data#https://canaryacct.blob.core.windows.net/", "", ""},
+		{"kubelet path", "/var/lib/kubelet/pods/0b1c/volumes/kubernetes.io~csi/pv-sig-1/mount", "", ""},
+		{"blob names", `Stat "photos/Key:2024/design=3/sig-file.eyJ.txt": blob not found`, "", ""},
+		{"request without secrets", `{"volume_context":{"containerName":"data","csi.storage.k8s.io/pvc/name":"data-0","secretName":"acct-key","storageAccount":"acct"},"volume_id":"acct#data"}`, "", ""},
+		{"the driver's own message", "secrets: give one of azurestorageaccountkey, azurestorageaccountsastoken or azurestorageconnectionstring, not several", "", ""},
+		{"empty Key field", "{Account:acct Key: SASToken: Container:data}", "", ""},
+		{"a sig= blob prefix inside a path", "list data/sig=1/ failed", "", ""},
+		{"key words in prose", "the account key is wrong: HTTP 403 AuthenticationFailed", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := blobstore.Redact(tc.in)
+			if tc.canary == "" {
+				if got != tc.in {
+					t.Errorf("Redact changed ordinary text:\n in: %s\nout: %s", tc.in, got)
+				}
+				return
+			}
+			if strings.Contains(got, tc.canary) {
+				t.Errorf("Redact left the canary %q in %s", tc.canary, got)
+			}
+			if !strings.Contains(got, tc.keep) {
+				t.Errorf("Redact removed %q: %s", tc.keep, got)
+			}
+		})
+	}
+}
+
+// TestRedactingHandlerValues logs values whose secret shows only in the
+// form the handler prints them in (%+v of a struct, a map, a JSON
+// request), through the text and the JSON handler.
+func TestRedactingHandlerValues(t *testing.T) {
+	type creds struct{ Account, Key string }
+	for _, format := range []string{"text", "json"} {
+		t.Run(format, func(t *testing.T) {
+			var out bytes.Buffer
+			var h slog.Handler = slog.NewTextHandler(&out, nil)
+			if format == "json" {
+				h = slog.NewJSONHandler(&out, nil)
+			}
+			log := slog.New(blobstore.NewRedactingHandler(h))
+			log.Info("staging", "creds", creds{"acct", "CANARYhandlerKey0a1b2c"},
+				"volume_context", map[string]string{"azurestorageaccountkey": "CANARYhandlerMap0a1b2c", "containerName": "data"},
+				"request", `{"volume_context":{"azurestorageaccountsastoken":"sv=1\u0026sig=CANARYhandlerJSON0a1b"}}`,
+				"volume", "acct#data", "path", "/var/lib/kubelet/pods/x/mount")
+			got := out.String()
+			for _, c := range []string{"CANARYhandlerKey0a1b2c", "CANARYhandlerMap0a1b2c", "CANARYhandlerJSON0a1b"} {
+				if strings.Contains(got, c) {
+					t.Errorf("log keeps %s: %s", c, got)
+				}
+			}
+			for _, keep := range []string{"acct#data", "/var/lib/kubelet/pods/x/mount", "containerName"} {
+				if !strings.Contains(got, keep) {
+					t.Errorf("log lacks %q: %s", keep, got)
+				}
+			}
+		})
+	}
+}

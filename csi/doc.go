@@ -25,9 +25,12 @@
 //     connected"); kubelet does not stage again after a driver restart.
 //     The node state (no secrets) lets a new process repair what it can;
 //     keeping mounts alive across restarts plugs in behind Mounter.
-//   - Secrets never reach a log line or the disk: requests are logged
-//     through protosanitizer, credentials live in memory only, and error
-//     messages name keys, never values.
+//   - Secrets never reach a log line, an event or the disk: requests are
+//     logged through protosanitizer (the secrets fields) and the driver's
+//     logger, which New wraps in blobstore's redaction (credentials that
+//     volume attributes, parameters or mount flags carry); events and gRPC
+//     statuses are redacted too; credentials live in memory only, and
+//     error messages name keys, never values.
 //   - Paths come from the CO: anything outside the kubelet directory is
 //     refused, since the node plugin runs as root in the host's mount
 //     namespace.

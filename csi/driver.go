@@ -95,7 +95,9 @@ type Config struct {
 	State NodeState
 	// Metrics receives the driver's metrics. Default: a new set.
 	Metrics *Metrics
-	Logger  *slog.Logger
+	// Logger receives the driver's log; New wraps its handler in
+	// blobstore's redaction. Default: slog.Default().
+	Logger *slog.Logger
 }
 
 // Containers is what the controller needs of the blob service.
@@ -190,6 +192,10 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	// Requests carry credentials outside their secrets fields (volume
+	// attributes, parameters, mount flags): every line the driver and its
+	// mounts log is redacted here, whatever handler the caller gave.
+	cfg.Logger = slog.New(blobstore.NewRedactingHandler(cfg.Logger.Handler()))
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics()
 	}
@@ -373,7 +379,10 @@ var quietMethods = map[string]bool{
 }
 
 // logAndMeasure logs each call with its secrets stripped and records its
-// metrics.
+// metrics. protosanitizer strips only the secrets fields; the credentials
+// that volume_context, parameters, publish_context or mount flags may hold
+// (blob-csi-driver takes keys and SAS tokens there) are redacted by the
+// driver's logger (New).
 func (d *Driver) logAndMeasure(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	method := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
 	level := slog.LevelInfo

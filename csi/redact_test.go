@@ -160,3 +160,109 @@ func TestNoSecretInCSIOutput(t *testing.T) {
 		t.Errorf("expected the redacted SAS in some status (the test would not notice a leak otherwise):\n%s", said.String())
 	}
 }
+
+// TestRequestLogRedactsVolumeAttributes sends, through the driver's gRPC
+// server as kubelet and the provisioner do, requests that carry
+// credentials outside the secrets fields (issue 38): in volume_context,
+// parameters and publish_context, as blob-csi-driver accepts them, and in
+// mount flags. protosanitizer strips only the secrets fields; the request
+// log at INFO must still carry no canary, and still name the volume.
+func TestRequestLogRedactsVolumeAttributes(t *testing.T) {
+	var logs lockedBuffer
+	d := startDriver(t, driverOptions{logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	const (
+		keyCanary  = "CANARYvolCtxKey0a1b2c3d4e5f+/=="
+		sasCanary  = "CANARYvolCtxSas0a1b2c3d4e5f"
+		flagCanary = "CANARYmountFlag0a1b2c3d4e5f"
+		pubCanary  = "CANARYpubCtxConn0a1b2c3d4e5f"
+		parCanary  = "CANARYparamsMsi0a1b2c3d4e5f"
+	)
+	canaries := []string{keyCanary, sasCanary, flagCanary, pubCanary, parCanary}
+	vol := volumeID{Account: "canaryacct", Container: "data"}.String()
+	staging := filepath.Join(d.kubelet, "plugins/kubernetes.io/csi/blob.csi.blobfs.io/canary/globalmount")
+	target := filepath.Join(d.kubelet, "pods/0b1c/volumes/kubernetes.io~csi/pv-canary/mount")
+	ctx := t.Context()
+
+	var said strings.Builder
+	_, err := d.node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{
+		VolumeId: vol, StagingTargetPath: staging,
+		VolumeCapability: mountCap(rwx, "-o allow_other,azurestorageaccountsastoken=sv=2022-11-02&sp=rl&sig="+flagCanary),
+		VolumeContext:    map[string]string{"azurestorageaccountkey": keyCanary, "containerName": "data"},
+	})
+	fmt.Fprintf(&said, "NodeStageVolume: %v\n", err)
+	_, err = d.node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{
+		VolumeId: vol, StagingTargetPath: staging, TargetPath: target, VolumeCapability: mountCap(rwx),
+		VolumeContext:  map[string]string{"azurestorageaccountsastoken": "sv=2022-11-02&ss=b&sp=rl&se=2099-01-01T00:00:00Z&sig=" + sasCanary},
+		PublishContext: map[string]string{"azurestorageconnectionstring": "DefaultEndpointsProtocol=https;AccountName=canaryacct;AccountKey=" + pubCanary},
+	})
+	fmt.Fprintf(&said, "NodePublishVolume: %v\n", err)
+	_, err = d.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{
+		Name: "pvc-canary", VolumeCapabilities: []*csipb.VolumeCapability{mountCap(rwx)},
+		Parameters: map[string]string{"storageAccount": "canaryacct", "msisecret": parCanary},
+	})
+	fmt.Fprintf(&said, "CreateVolume: %v\n", err)
+
+	out := logs.String()
+	for name, text := range map[string]string{"log": out, "gRPC statuses": said.String()} {
+		var leaked []string
+		for _, c := range canaries {
+			if strings.Contains(text, c) {
+				leaked = append(leaked, c)
+			}
+		}
+		if len(leaked) > 0 {
+			t.Errorf("%s carries canaries %q:\n%s", name, leaked, text)
+		}
+	}
+	// The requests were logged, with what identifies them.
+	for _, want := range []string{"method=NodeStageVolume", "method=NodePublishVolume", "method=CreateVolume", vol, "pv-canary", "containerName", "pvc-canary"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("request log lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestVolumeEventRedacted: a Warning event on a PersistentVolume, which
+// anyone who may describe the PV reads, carries no secret whatever the
+// message it is given quotes.
+func TestVolumeEventRedacted(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		posted []string
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodGet && r.URL.Path == "/api/v1/persistentvolumes":
+			w.Write([]byte(`{"items":[{"metadata":{"name":"pv-data","uid":"u1"},"spec":{"csi":{"driver":"blob.csi.blobfs.io","volumeHandle":"acct#data"}}}]}`))
+		case r.Method == http.MethodPost && r.URL.Path == "/api/v1/namespaces/default/events":
+			b, _ := io.ReadAll(r.Body)
+			mu.Lock()
+			posted = append(posted, string(b))
+			mu.Unlock()
+			w.WriteHeader(http.StatusCreated)
+		default:
+			http.Error(w, `{"kind":"Status","code":404}`, http.StatusNotFound)
+		}
+	}))
+	defer srv.Close()
+	k := &kubeSecrets{host: srv.URL, token: "tok", hc: srv.Client()}
+	const sigCanary, keyCanary = "CANARYeventSig0a1b2c3d4e", "CANARYeventKey0a1b2c3d4e"
+	msg := `mount lost and not mounted again: azure: Get "https://acct.blob.core.windows.net/data?restype=container&sv=2022-11-02&sig=` + sigCanary +
+		`": EOF; volume_context {"azurestorageaccountkey":"` + keyCanary + `"}`
+	if err := k.WarnVolume(t.Context(), "blob.csi.blobfs.io", "acct#data", "node-1", "VolumeMountLost", msg); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(posted) != 1 {
+		t.Fatalf("%d events posted, want 1", len(posted))
+	}
+	for _, c := range []string{sigCanary, keyCanary} {
+		if strings.Contains(posted[0], c) {
+			t.Errorf("event carries canary %s: %s", c, posted[0])
+		}
+	}
+	if !strings.Contains(posted[0], "mount lost and not mounted again") || !strings.Contains(posted[0], "VolumeMountLost") {
+		t.Errorf("event lost its message: %s", posted[0])
+	}
+}

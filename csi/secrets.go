@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/blobfs/blobfs/blobstore"
 )
 
 // SecretGetter reads a Kubernetes Secret's data: how the secretName and
@@ -211,12 +213,15 @@ type VolumeEvents interface {
 
 // WarnVolume posts the event in the default namespace (that of events
 // about cluster-scoped objects). A volume without a PersistentVolume (an
-// inline volume) gets none.
+// inline volume) gets none. Anyone who may describe the PersistentVolume
+// reads the event: its reason and message pass through blobstore.Redact
+// here, whatever the caller built them from.
 func (k *kubeSecrets) WarnVolume(ctx context.Context, driver, volumeHandle, node, reason, message string) error {
 	pv, err := k.pvOf(ctx, driver, volumeHandle)
 	if err != nil || pv == nil {
 		return err
 	}
+	reason, message = blobstore.Redact(reason), blobstore.Redact(message)
 	now := time.Now().UTC().Format(time.RFC3339)
 	ev := map[string]any{
 		"apiVersion": "v1", "kind": "Event",

@@ -24,15 +24,22 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/blobfs/blobfs/blobstore"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
 func main() {
+	// Every command logs through newLogger; a logger left nil somewhere
+	// falls back to slog's default, which redacts too (and takes the log
+	// package's output with it).
+	slog.SetDefault(slog.New(blobstore.NewRedactingHandler(slog.NewTextHandler(os.Stderr, nil))))
 	if err := run(os.Args); err != nil {
 		var child childExit
 		if errors.As(err, &child) {
@@ -40,14 +47,21 @@ func main() {
 		}
 		var u usageError
 		if errors.As(err, &u) {
-			fmt.Fprintf(os.Stderr, "blobfs: %v\n", err)
+			printError(err)
 			os.Exit(2)
 		}
 		if !errors.As(err, new(errLogged)) {
-			fmt.Fprintf(os.Stderr, "blobfs: %v\n", err)
+			printError(err)
 		}
 		os.Exit(1)
 	}
+}
+
+// printError writes the command's error to stderr, redacted: it may quote
+// a flag or a mount option into which a credential was pasted, or a
+// request, and the terminal or the container's log keeps it.
+func printError(err error) {
+	fmt.Fprintf(os.Stderr, "blobfs: %s\n", blobstore.Redact(err.Error()))
 }
 
 // usageError is a mistake in the command line: main exits with status 2.

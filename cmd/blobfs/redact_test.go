@@ -338,3 +338,38 @@ func readBlob(t *testing.T, s blobstore.Store, name string) []byte {
 	}
 	return p[:n]
 }
+
+// TestErrorLineRedacted: the last line blobfs prints before it exits, the
+// error main writes to stderr, carries no credential, even one the error
+// took from the command line (a token pasted into the wrong flag, a key
+// among mount(8)'s -o options) rather than from a store request.
+func TestErrorLineRedacted(t *testing.T) {
+	bin := blobfsBin(t)
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		canary string
+	}{
+		{"SAS in --log-level", []string{bin, "csi", "--log-level", "sig=CANARYlogLevelSig0a1b2c3d%3D&se=2099-01-01"}, "CANARYlogLevelSig0a1b2c3d"},
+		{"JSON in --log-format", []string{bin, "mount", "--log-format", `{"azurestorageaccountkey":"CANARYlogFormatKey0a1b2c"}`, "/nonexistent"}, "CANARYlogFormatKey0a1b2c"},
+		{"key among -o options", []string{filepath.Join(filepath.Dir(bin), "mount.blobfs"), "azure:data", "/nonexistent", "-o", "ro,azurestorageaccountkey=CANARYfstabKey0a1b2c3d\x01"}, "CANARYfstabKey0a1b2c3d"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(tc.args[0], tc.args[1:]...)
+			cmd.Env = cleanEnv()
+			var stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stderr, &stderr
+			err := cmd.Run()
+			if err == nil {
+				t.Fatalf("%q succeeded", tc.args)
+			}
+			out := stderr.String()
+			if !strings.HasPrefix(out, "blobfs: ") {
+				t.Fatalf("no error line from main: %q", out)
+			}
+			if strings.Contains(out, tc.canary) {
+				t.Errorf("stderr carries the canary: %s", out)
+			}
+		})
+	}
+}
