@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -73,6 +74,9 @@ type blockStream struct {
 	// file uploaded at its commit: it is all there already, and dropping
 	// it would cost a disk write of pages its reuse would just discard).
 	keepPages bool
+	// queued is what a commit under way has still to hand out, counted
+	// in FS.uploading with the blocks in flight (handOut).
+	queued atomic.Int64
 
 	wg sync.WaitGroup
 
@@ -320,9 +324,11 @@ func (st *blockStream) stageBlocks(ctx context.Context, spill io.ReaderAt, size 
 		st.mu.Unlock()
 		off := st.next
 		st.next += bs
+		st.handOut(bs)
 		st.wg.Add(1)
 		go func() {
 			staged := st.stage(ctx, id, spill, buf[:bs], off)
+			st.fs.uploading.Add(-bs)
 			st.fs.giveUploadBuf(buf)
 			st.wg.Done()
 			if f, ok := spill.(*os.File); ok && staged && !st.keepPages {
@@ -332,6 +338,18 @@ func (st *blockStream) stageBlocks(ctx context.Context, spill io.ReaderAt, size 
 		}()
 	}
 	return nil
+}
+
+// handOut counts n bytes handed to an upload in FS.uploading (the caller
+// uncounts them when the upload ends), moving them from what a commit
+// under way had queued.
+func (st *blockStream) handOut(n int64) {
+	if q := st.queued.Load(); q > 0 {
+		d := min(q, n)
+		st.queued.Add(-d)
+		st.fs.uploading.Add(-d)
+	}
+	st.fs.uploading.Add(n)
 }
 
 // stage reads len(buf) bytes at off from spill into buf and stages them as
@@ -451,6 +469,11 @@ func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64
 	st.mu.Lock()
 	st.abort = cancel
 	st.mu.Unlock()
+	// What is still to be sent counts as uploading from now on; the
+	// blocks already in flight count already.
+	st.queued.Store(size - st.next)
+	st.fs.uploading.Add(size - st.next)
+	defer func() { st.fs.uploading.Add(-st.queued.Swap(0)) }()
 	// Full blocks that no slot took while the file was written
 	// (write-back writers do not wait).
 	if err := st.stageBlocks(ctx, spill, size, true); err != nil {
@@ -464,10 +487,12 @@ func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64
 		id := st.addIDLocked(size)
 		st.mu.Unlock()
 		off := st.next
+		st.handOut(tail)
 		st.wg.Add(1)
 		go func() {
 			defer st.wg.Done()
 			st.stage(ctx, id, spill, make([]byte, tail), off)
+			st.fs.uploading.Add(-tail)
 		}()
 	}
 	st.wg.Wait()

@@ -313,3 +313,53 @@ func TestStreamBlocks(t *testing.T) {
 		t.Errorf("352 GiB takes %d blocks: streams, the docs say it does not", n)
 	}
 }
+
+// commitGate holds CommitBlocks until release is closed, and says when
+// one has started.
+type commitGate struct {
+	blobstore.Store
+	started chan struct{} // one value per CommitBlocks call
+	release chan struct{}
+}
+
+func (s *commitGate) CommitBlocks(ctx context.Context, name string, ids []string, opts blobstore.PutOptions) (blobstore.Attrs, error) {
+	s.started <- struct{}{}
+	<-s.release
+	return s.Store.CommitBlocks(ctx, name, ids, opts)
+}
+
+// TestUploadingBytesAreWhatIsStillToSend: Stats.UploadingBytes (the
+// blobfs_volume_uploading_bytes gauge) counts the bytes still to upload:
+// a sequential write's blocks in flight while it streams, and at close
+// only what is left to send, not the whole file. (Issue 38: it read 0
+// while a file streamed, and the file's whole size during its close.)
+func TestUploadingBytesAreWhatIsStillToSend(t *testing.T) {
+	const bs = 256 << 10
+	gated := newGatedStore()
+	store := &commitGate{Store: gated, started: make(chan struct{}, 1), release: make(chan struct{})}
+	mnt, fsys := mountStore(t, store, Options{UploadBlockSize: bs, UploadConcurrency: 2})
+	data := pattern(3*bs+1000, 5)
+	f := mustOpen(t, join(mnt, "seq"), os.O_WRONLY|os.O_CREATE|os.O_EXCL)
+	mustWriteHandle(t, f, data)
+	waitFor(t, "blocks staged while writing", func() bool { inFlight, _ := gated.counts(); return inFlight == 3 })
+	if got := fsys.Stats().UploadingBytes; got != 3*bs {
+		t.Errorf("uploading %d bytes while 3 blocks of %d stream, want %d", got, bs, 3*bs)
+	}
+	gated.open()
+	waitFor(t, "the streamed blocks acknowledged", func() bool { return fsys.Stats().UploadingBytes == 0 })
+
+	closed := make(chan error, 1)
+	go func() { closed <- f.Close() }()
+	<-store.started // the tail is staged; the commit waits
+	if got := fsys.Stats().UploadingBytes; got != 0 {
+		t.Errorf("uploading %d bytes while only the commit of a streamed file of %d is left, want 0", got, len(data))
+	}
+	close(store.release)
+	if err := <-closed; err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	wantBlob(t, gated, "seq", data)
+	if got := fsys.Stats().UploadingBytes; got != 0 {
+		t.Errorf("uploading %d bytes after the commit, want 0", got)
+	}
+}

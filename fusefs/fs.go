@@ -59,7 +59,8 @@ type FS struct {
 	// the process's budget (membudget.go).
 	uploadSlots chan struct{}
 	uploadSems  sync.Map
-	// uploading sums the sizes of the files being committed (Stats).
+	// uploading is the bytes still to upload: handed to the store and
+	// not acknowledged, or still to be sent by a commit under way (Stats).
 	uploading atomic.Int64
 	// chunks serves random reads (chunkcache.go). readBytes counts the
 	// bytes READs returned from the store's content, fetched the bytes
@@ -197,8 +198,10 @@ type Stats struct {
 	// not have, and their sizes.
 	DirtyFiles int
 	DirtyBytes int64
-	// UploadingBytes: the sizes of the files whose commits (at close,
-	// fsync, rename) are under way.
+	// UploadingBytes: bytes still to upload: blocks a file being written
+	// sequentially has sent and the store has not acknowledged yet, and
+	// what the commits under way (at close, fsync, rename, write-back)
+	// have still to send.
 	UploadingBytes int64
 	// SpillBytes: disk space the spill files of open files take.
 	SpillBytes int64

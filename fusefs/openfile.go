@@ -467,8 +467,6 @@ func (of *openFile) commit(ctx context.Context) error {
 		}
 		return nil // unlinked meanwhile
 	}
-	of.fs.uploading.Add(size)
-	defer of.fs.uploading.Add(-size)
 	var (
 		attrs blobstore.Attrs
 		err   error
@@ -542,13 +540,19 @@ func (of *openFile) commit(ctx context.Context) error {
 // upload writes the whole spill file as the blob.
 func (of *openFile) upload(ctx context.Context, path string, f *os.File, size int64, opts blobstore.PutOptions) (blobstore.Attrs, error) {
 	p := of.fs.startProgress(path, size)
+	// Counted as uploading until the store has it (Stats.UploadingBytes).
+	of.fs.uploading.Add(size)
 	a, err := blobstore.Upload(ctx, of.fs.store, path, f, size, blobstore.UploadOptions{
 		BlockSize:   of.fs.opts.UploadBlockSize,
 		Concurrency: of.fs.opts.UploadConcurrency,
 		PutOptions:  opts,
-		Progress:    p.add,
-		Buffers:     uploadBuffers{of.fs},
+		Progress: func(n int64) {
+			p.add(n)
+			of.fs.uploading.Add(-n)
+		},
+		Buffers: uploadBuffers{of.fs},
 	})
+	of.fs.uploading.Add(-(size - p.done.Load()))
 	p.finish(err)
 	return a, err
 }

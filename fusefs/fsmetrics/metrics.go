@@ -173,7 +173,7 @@ type volumeCollector struct{ m *Metrics }
 var (
 	volDirtyFiles = prometheus.NewDesc("blobfs_volume_dirty_files", "Open files with changes the store does not have yet.", []string{"volume"}, nil)
 	volDirty      = prometheus.NewDesc("blobfs_volume_dirty_bytes", "Sizes of the open files with changes the store does not have yet.", []string{"volume"}, nil)
-	volUploading  = prometheus.NewDesc("blobfs_volume_uploading_bytes", "Sizes of the files whose upload (at close, fsync, rename) is under way.", []string{"volume"}, nil)
+	volUploading  = prometheus.NewDesc("blobfs_volume_uploading_bytes", "Bytes still to upload: blocks in flight while files stream, and what the uploads under way (close, fsync, rename, write-back) have still to send.", []string{"volume"}, nil)
 	volSpill      = prometheus.NewDesc("blobfs_volume_spill_bytes", "Disk space taken by the spill files of open files, in the cache directory.", []string{"volume"}, nil)
 	volCache      = prometheus.NewDesc("blobfs_volume_cache_bytes", "Memory of the read block cache.", []string{"volume"}, nil)
 	volInFlight   = prometheus.NewDesc("blobfs_volume_store_requests_in_flight", "Store requests under way (each try).", []string{"volume"}, nil)
