@@ -70,6 +70,17 @@ func TestBadInput(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// Regular files where kubelet would have made directories.
+			fileStaging := filepath.Join(filepath.Dir(filepath.Dir(staging)), "file", "globalmount")
+			fileTarget := filepath.Join(filepath.Dir(target), "file-mount")
+			for _, p := range []string{fileStaging, fileTarget} {
+				if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, nil, 0o640); err != nil {
+					t.Fatal(err)
+				}
+			}
 			wrongKey := map[string]string{secretAccountName: az.account, secretAccountKey: "d3Jvbmcga2V5IHdyb25nIGtleSB3cm9uZyBrZXk="}
 			with := func(m map[string]string, kv ...string) map[string]string {
 				out := map[string]string{}
@@ -176,6 +187,8 @@ func TestBadInput(t *testing.T) {
 				{"NodeStageVolume/outside kubelet", stage(func(r *csipb.NodeStageVolumeRequest) { r.StagingTargetPath = outside }), codes.InvalidArgument, "kubelet directory"},
 				{"NodeStageVolume/escaping with ..", stage(func(r *csipb.NodeStageVolumeRequest) { r.StagingTargetPath = d.kubelet + "/../outside" }), codes.InvalidArgument, "kubelet directory"},
 				{"NodeStageVolume/kubelet dir itself", stage(func(r *csipb.NodeStageVolumeRequest) { r.StagingTargetPath = d.kubelet }), codes.InvalidArgument, "kubelet directory"},
+				{"NodeStageVolume/path is a file", stage(func(r *csipb.NodeStageVolumeRequest) { r.StagingTargetPath = fileStaging }), codes.InvalidArgument, "staging_target_path"},
+				{"NodeStageVolume/path below a file", stage(func(r *csipb.NodeStageVolumeRequest) { r.StagingTargetPath = fileStaging + "/sub" }), codes.InvalidArgument, "staging_target_path"},
 				{"NodeStageVolume/no capability", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = nil }), codes.InvalidArgument, "volume_capability"},
 				{"NodeStageVolume/block", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = block }), codes.InvalidArgument, "block"},
 				{"NodeStageVolume/ext4", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = ext4 }), codes.InvalidArgument, "fs_type"},
@@ -198,6 +211,20 @@ func TestBadInput(t *testing.T) {
 				{"NodePublishVolume/no target", publish(func(r *csipb.NodePublishVolumeRequest) { r.TargetPath = "" }), codes.InvalidArgument, "target_path"},
 				{"NodePublishVolume/target outside kubelet", publish(func(r *csipb.NodePublishVolumeRequest) { r.TargetPath = filepath.Join(outside, "mount") }), codes.InvalidArgument, "kubelet directory"},
 				{"NodePublishVolume/relative target", publish(func(r *csipb.NodePublishVolumeRequest) { r.TargetPath = "pods/x/mount" }), codes.InvalidArgument, "absolute"},
+				{"NodePublishVolume/target is a file", publish(func(r *csipb.NodePublishVolumeRequest) { r.TargetPath = fileTarget }), codes.InvalidArgument, "target_path"},
+				{"NodePublishVolume/staged, target is a file", func() error {
+					if err := stage(func(*csipb.NodeStageVolumeRequest) {})(); err != nil {
+						t.Fatalf("NodeStageVolume: %v", err)
+					}
+					defer func() {
+						if _, err := d.node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: good, StagingTargetPath: staging}); err != nil {
+							t.Fatalf("NodeUnstageVolume: %v", err)
+						}
+					}()
+					return publish(func(r *csipb.NodePublishVolumeRequest) { r.TargetPath = fileTarget })()
+				}, codes.InvalidArgument, "target_path"},
+				{"NodePublishVolume/target below a file", publish(func(r *csipb.NodePublishVolumeRequest) { r.TargetPath = fileTarget + "/sub" }), codes.InvalidArgument, "target_path"},
+				{"NodePublishVolume/staging path is a file", publish(func(r *csipb.NodePublishVolumeRequest) { r.StagingTargetPath = fileStaging }), codes.InvalidArgument, "staging_target_path"},
 				{"NodePublishVolume/no capability", publish(func(r *csipb.NodePublishVolumeRequest) { r.VolumeCapability = nil }), codes.InvalidArgument, "volume_capability"},
 				{"NodePublishVolume/no staging path", publish(func(r *csipb.NodePublishVolumeRequest) { r.StagingTargetPath = "" }), codes.InvalidArgument, "staging_target_path"},
 				{"NodePublishVolume/staging outside kubelet", publish(func(r *csipb.NodePublishVolumeRequest) { r.StagingTargetPath = outside }), codes.InvalidArgument, "kubelet directory"},
