@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -92,6 +93,12 @@ func TestBadInput(t *testing.T) {
 				}
 				return out
 			}
+			// dotted is the endpoint with seg in its path, before the
+			// account (path-style, as Azurite's).
+			dotted := func(seg string) string {
+				u, _ := url.Parse(az.endpoint)
+				return u.Scheme + "://" + u.Host + seg + strings.TrimPrefix(u.Path, "/")
+			}
 			caps := []*csipb.VolumeCapability{mountCap(rwx)}
 			block := &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Block{Block: &csipb.VolumeCapability_BlockVolume{}},
 				AccessMode: &csipb.VolumeCapability_AccessMode{Mode: rwx}}
@@ -145,6 +152,10 @@ func TestBadInput(t *testing.T) {
 				{"CreateVolume/bad account", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "storageAccount", "Bad_Account") }), codes.InvalidArgument, "storageAccount"},
 				{"CreateVolume/bad container name", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "containerName", "Bad--Name") }), codes.InvalidArgument, "containerName"},
 				{"CreateVolume/bad mount option", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "mountOptions", "cache-dir=/etc") }), codes.InvalidArgument, "cache-dir"},
+				{"CreateVolume/server with /../", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", dotted("/x/../")) }), codes.InvalidArgument, "server"},
+				{"CreateVolume/server with /./", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", dotted("/./")) }), codes.InvalidArgument, "server"},
+				{"CreateVolume/server with /%2e%2e/", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", dotted("/x/%2e%2e/")) }), codes.InvalidArgument, "server"},
+				{"CreateVolume/server ending in /..", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", az.endpoint+"/x/..") }), codes.InvalidArgument, "server"},
 				{"CreateVolume/from snapshot", create(func(r *csipb.CreateVolumeRequest) {
 					r.VolumeContentSource = &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: "s"}}}
 				}), codes.InvalidArgument, "volume_content_source"},
@@ -201,6 +212,9 @@ func TestBadInput(t *testing.T) {
 				{"NodeStageVolume/unknown context key", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeContext = map[string]string{"containerNmae": "x"} }), codes.InvalidArgument, "containerNmae"},
 				{"NodeStageVolume/unknown secret key", stage(func(r *csipb.NodeStageVolumeRequest) { r.Secrets = with(az.secrets(), "azurestorageaccountkey2", "x") }), codes.InvalidArgument, "azurestorageaccountkey2"},
 				{"NodeStageVolume/wrong key", stage(func(r *csipb.NodeStageVolumeRequest) { r.Secrets = wrongKey }), codes.PermissionDenied, ""},
+				{"NodeStageVolume/endpoint with /../ in the id", stage(func(r *csipb.NodeStageVolumeRequest) {
+					r.VolumeId = volumeID{Account: az.account, Container: "bad-input-vol", Endpoint: dotted("/x/../")}.String()
+				}), codes.InvalidArgument, "volume_id"},
 				{"NodeStageVolume/container does not exist", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeId = missing }), codes.NotFound, "no-such-container-here"},
 				{"NodeStageVolume/secretName without API", stage(func(r *csipb.NodeStageVolumeRequest) {
 					r.Secrets = nil
@@ -246,6 +260,10 @@ func TestBadInput(t *testing.T) {
 					r.VolumeId, r.StagingTargetPath, r.Secrets = "csi-0123", "", az.secrets()
 					r.VolumeContext = inline()
 				}), codes.NotFound, "no-such-container-here"},
+				{"NodePublishVolume/inline server with /../", publish(func(r *csipb.NodePublishVolumeRequest) {
+					r.VolumeId, r.StagingTargetPath, r.Secrets = "csi-0123", "", az.secrets()
+					r.VolumeContext = inline("containerName", "bad-input-vol", "server", dotted("/x/../"))
+				}), codes.InvalidArgument, "server"},
 				{"NodePublishVolume/inline bad ephemeral flag", publish(func(r *csipb.NodePublishVolumeRequest) {
 					r.VolumeContext = map[string]string{keyEphemeral: "yes please"}
 				}), codes.InvalidArgument, "ephemeral"},
