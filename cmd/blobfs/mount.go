@@ -108,7 +108,7 @@ func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.StringVar(&c.log.file, "log-file", "", "log to this file, opened again at SIGHUP (default: stderr in the foreground; in the background /var/log/blobfs/blobfs-MOUNTPOINT.log as root, else under $TMPDIR)")
 	fl.BoolVar(&c.mount.Debug, "debug-fuse", false, "log every FUSE request and reply (very verbose)")
 	fl.DurationVar(&c.checkTime, "check-timeout", 30*time.Second, "how long the pre-mount check of the store may take")
-	fl.IntVar(&c.limit, "restart-limit", 10, "in the background: worker crashes in a row (each within 10s of its start) after which the supervisor stops restarting it")
+	fl.IntVar(&c.limit, "restart-limit", 10, "in the background: the supervisor gives up at this many worker crashes in a row (each within 10s of its start), having restarted the worker after each one before (10: 9 restarts); 0 or 1: never restart")
 	fl.DurationVar(&c.grace, "shutdown-grace", 10*time.Second, "on SIGTERM with files still open, how long to keep serving them (detached) before exiting")
 	fl.BoolVar(&c.nonEmpty, "nonempty", false, "allow mounting over a directory that is not empty (its files are hidden while mounted)")
 	fl.StringVar(&c.metricsAddr, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, e.g. 127.0.0.1:9810 (default: off)")
@@ -199,7 +199,7 @@ func (c *mountConfig) checkFlags(fl *pflag.FlagSet) error {
 	case c.grace < 0:
 		return fmt.Errorf("--shutdown-grace %v: must not be negative", c.grace)
 	case c.limit < 0:
-		return fmt.Errorf("--restart-limit %d: must not be negative (0 gives up at the first crash)", c.limit)
+		return fmt.Errorf("--restart-limit %d: must not be negative (0 and 1 give up at the first crash)", c.limit)
 	}
 	if err := c.log.check(); err != nil {
 		return err
