@@ -726,26 +726,86 @@ func checkMountpoint(mp string, nonEmpty bool) error {
 // mountedAt describes the mount whose mount point is exactly path ("fuse.blobfs
 // blobfs", "tmpfs tmpfs"), or returns "" when there is none.
 func mountedAt(path string) string {
-	infos, err := mountutils.ParseMountInfo("/proc/self/mountinfo")
-	if err != nil {
-		return ""
-	}
-	for i := len(infos) - 1; i >= 0; i-- {
-		if infos[i].MountPoint == path {
-			return infos[i].FsType + " " + infos[i].Source
-		}
+	if mi, ok := mountAt(path); ok {
+		return mi.FsType + " " + mi.Source
 	}
 	return ""
 }
+
+// mountAt is the mount table's entry for the mount whose mount point is
+// exactly path: the top one where mounts are stacked, which umount(2)
+// would detach. The table is read, nothing on the mount is asked, so a
+// dead or hung mount is found like any other.
+func mountAt(path string) (mountutils.MountInfo, bool) {
+	infos, err := mountutils.ParseMountInfo("/proc/self/mountinfo")
+	if err != nil {
+		return mountutils.MountInfo{}, false
+	}
+	for i := len(infos) - 1; i >= 0; i-- {
+		if unescapeMountInfo(infos[i].MountPoint) == path {
+			return infos[i], true
+		}
+	}
+	return mountutils.MountInfo{}, false
+}
+
+// unescapeMountInfo undoes the kernel's octal escapes in a mountinfo
+// field (a space is \040, a tab \011, a newline \012, a backslash
+// \134), which mountutils leaves in.
+func unescapeMountInfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// blobfsFsType is the file system type of every blobfs mount in the mount
+// table (fusefs mounts FUSE with the subtype blobfs), a dead one included.
+const blobfsFsType = "fuse.blobfs"
 
 // unmountBusyWait is how long unmountPath tries again while the mount is
 // busy.
 const unmountBusyWait = time.Second
 
+// unmountPath detaches the blobfs mount at mp, and nothing else: a path
+// where another file system is mounted (a tmpfs, /proc) is refused, as is
+// one where nothing is. A dead blobfs mount (ENOTCONN) is detached like a
+// live one: it is found in the mount table, not by asking the mount.
 func unmountPath(mp string, lazy bool) error {
 	abs, err := filepath.Abs(mp)
 	if err != nil {
 		return err
+	}
+	mi, ok := mountAt(abs)
+	if !ok {
+		// The mount table has resolved paths: umount(2) follows a
+		// symlink, so look where it would.
+		resolved, err := filepath.EvalSymlinks(abs)
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("unmount %s: no such directory", abs)
+		}
+		if err == nil {
+			if mi, ok = mountAt(resolved); ok {
+				abs = resolved
+			}
+		}
+	}
+	switch {
+	case !ok:
+		return fmt.Errorf("unmount %s: not mounted", abs)
+	case mi.FsType != blobfsFsType:
+		return fmt.Errorf("unmount: %s is a mount of type %s (source %q), not blobfs; refusing", abs, mi.FsType, mi.Source)
 	}
 	err = fusefs.Unmount(abs, lazy)
 	// A file closed just before keeps the mount busy until blobfs has
