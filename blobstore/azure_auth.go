@@ -237,19 +237,9 @@ func (c AzureConfig) resolveUnredacted() (azureTarget, error) {
 		}
 		endpoint = "https://" + account + ".blob.core.windows.net/"
 	}
-	u, err := url.Parse(endpoint)
-	switch {
-	case err != nil:
-		return t, fmt.Errorf("azure: endpoint %q is not a URL: %v", endpoint, err)
-	case u.Scheme != "http" && u.Scheme != "https":
-		return t, fmt.Errorf("azure: endpoint %q must start with https:// (or http:// for a local emulator)", endpoint)
-	case u.Host == "":
-		return t, fmt.Errorf("azure: endpoint %q has no host", endpoint)
-	case u.User != nil:
-		return t, fmt.Errorf("azure: endpoint %q must not contain user information", u.Redacted())
-	case u.RawQuery != "" || u.Fragment != "":
-		// A pasted SAS URL: refuse rather than guess, and do not echo it.
-		return t, fmt.Errorf("azure: endpoint %s://%s%s must not carry a query or fragment; pass a SAS token in AZURE_STORAGE_SAS_TOKEN", u.Scheme, u.Host, u.Path)
+	u, err := parseEndpoint(endpoint)
+	if err != nil {
+		return t, err
 	}
 	if !strings.HasSuffix(u.Path, "/") {
 		u.Path += "/"
@@ -280,6 +270,48 @@ func (c AzureConfig) resolveUnredacted() (azureTarget, error) {
 		}
 	}
 	return t, nil
+}
+
+// CheckEndpoint validates a blob service endpoint (scheme://host[/account])
+// without network access, as AzureConfig.Validate does: a caller that
+// takes an endpoint apart from the rest of a configuration (a CSI volume
+// parameter) can refuse it where it is given. Its errors may quote the
+// endpoint.
+func CheckEndpoint(endpoint string) error {
+	_, err := parseEndpoint(endpoint)
+	return RedactError(err)
+}
+
+// parseEndpoint parses and checks a blob service endpoint: http or https,
+// a host, no user information, query or fragment, and no path segment
+// that changes which URL it names. A "." or ".." segment (also
+// percent-encoded), or an empty one from "//", would be resolved by a
+// proxy or by the service, not by blobfs, and the account it reaches
+// would not be the one the endpoint seems to name; the container and
+// blob names are appended to the path too.
+func parseEndpoint(endpoint string) (*url.URL, error) {
+	u, err := url.Parse(endpoint)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("azure: endpoint %q is not a URL: %v", endpoint, err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("azure: endpoint %q must start with https:// (or http:// for a local emulator)", endpoint)
+	case u.Host == "":
+		return nil, fmt.Errorf("azure: endpoint %q has no host", endpoint)
+	case u.User != nil:
+		return nil, fmt.Errorf("azure: endpoint %q must not contain user information", u.Redacted())
+	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
+		// A pasted SAS URL: refuse rather than guess, and do not echo it.
+		return nil, fmt.Errorf("azure: endpoint %s://%s%s must not carry a query or fragment; pass a SAS token in AZURE_STORAGE_SAS_TOKEN", u.Scheme, u.Host, u.Path)
+	}
+	// u.Path is decoded: %2e%2e is "..", %2f a separator.
+	segs := strings.Split(strings.TrimSuffix(strings.TrimPrefix(u.Path, "/"), "/"), "/")
+	for _, seg := range segs {
+		if seg == "." || seg == ".." || seg == "" && u.Path != "" && u.Path != "/" {
+			return nil, fmt.Errorf("azure: endpoint %q has a path segment %q, which changes the URL it names; give it as scheme://host/ or scheme://host/ACCOUNT/", endpoint, seg)
+		}
+	}
+	return u, nil
 }
 
 // authMode picks the authentication mode: Auth when set (checking that its

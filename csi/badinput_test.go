@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -70,6 +71,17 @@ func TestBadInput(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// Regular files where kubelet would have made directories.
+			fileStaging := filepath.Join(filepath.Dir(filepath.Dir(staging)), "file", "globalmount")
+			fileTarget := filepath.Join(filepath.Dir(target), "file-mount")
+			for _, p := range []string{fileStaging, fileTarget} {
+				if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, nil, 0o640); err != nil {
+					t.Fatal(err)
+				}
+			}
 			wrongKey := map[string]string{secretAccountName: az.account, secretAccountKey: "d3Jvbmcga2V5IHdyb25nIGtleSB3cm9uZyBrZXk="}
 			with := func(m map[string]string, kv ...string) map[string]string {
 				out := map[string]string{}
@@ -80,6 +92,12 @@ func TestBadInput(t *testing.T) {
 					out[kv[i]] = kv[i+1]
 				}
 				return out
+			}
+			// dotted is the endpoint with seg in its path, before the
+			// account (path-style, as Azurite's).
+			dotted := func(seg string) string {
+				u, _ := url.Parse(az.endpoint)
+				return u.Scheme + "://" + u.Host + seg + strings.TrimPrefix(u.Path, "/")
 			}
 			caps := []*csipb.VolumeCapability{mountCap(rwx)}
 			block := &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Block{Block: &csipb.VolumeCapability_BlockVolume{}},
@@ -134,6 +152,10 @@ func TestBadInput(t *testing.T) {
 				{"CreateVolume/bad account", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "storageAccount", "Bad_Account") }), codes.InvalidArgument, "storageAccount"},
 				{"CreateVolume/bad container name", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "containerName", "Bad--Name") }), codes.InvalidArgument, "containerName"},
 				{"CreateVolume/bad mount option", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "mountOptions", "cache-dir=/etc") }), codes.InvalidArgument, "cache-dir"},
+				{"CreateVolume/server with /../", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", dotted("/x/../")) }), codes.InvalidArgument, "server"},
+				{"CreateVolume/server with /./", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", dotted("/./")) }), codes.InvalidArgument, "server"},
+				{"CreateVolume/server with /%2e%2e/", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", dotted("/x/%2e%2e/")) }), codes.InvalidArgument, "server"},
+				{"CreateVolume/server ending in /..", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", az.endpoint+"/x/..") }), codes.InvalidArgument, "server"},
 				{"CreateVolume/from snapshot", create(func(r *csipb.CreateVolumeRequest) {
 					r.VolumeContentSource = &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: "s"}}}
 				}), codes.InvalidArgument, "volume_content_source"},
@@ -176,6 +198,8 @@ func TestBadInput(t *testing.T) {
 				{"NodeStageVolume/outside kubelet", stage(func(r *csipb.NodeStageVolumeRequest) { r.StagingTargetPath = outside }), codes.InvalidArgument, "kubelet directory"},
 				{"NodeStageVolume/escaping with ..", stage(func(r *csipb.NodeStageVolumeRequest) { r.StagingTargetPath = d.kubelet + "/../outside" }), codes.InvalidArgument, "kubelet directory"},
 				{"NodeStageVolume/kubelet dir itself", stage(func(r *csipb.NodeStageVolumeRequest) { r.StagingTargetPath = d.kubelet }), codes.InvalidArgument, "kubelet directory"},
+				{"NodeStageVolume/path is a file", stage(func(r *csipb.NodeStageVolumeRequest) { r.StagingTargetPath = fileStaging }), codes.InvalidArgument, "staging_target_path"},
+				{"NodeStageVolume/path below a file", stage(func(r *csipb.NodeStageVolumeRequest) { r.StagingTargetPath = fileStaging + "/sub" }), codes.InvalidArgument, "staging_target_path"},
 				{"NodeStageVolume/no capability", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = nil }), codes.InvalidArgument, "volume_capability"},
 				{"NodeStageVolume/block", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = block }), codes.InvalidArgument, "block"},
 				{"NodeStageVolume/ext4", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeCapability = ext4 }), codes.InvalidArgument, "fs_type"},
@@ -188,6 +212,9 @@ func TestBadInput(t *testing.T) {
 				{"NodeStageVolume/unknown context key", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeContext = map[string]string{"containerNmae": "x"} }), codes.InvalidArgument, "containerNmae"},
 				{"NodeStageVolume/unknown secret key", stage(func(r *csipb.NodeStageVolumeRequest) { r.Secrets = with(az.secrets(), "azurestorageaccountkey2", "x") }), codes.InvalidArgument, "azurestorageaccountkey2"},
 				{"NodeStageVolume/wrong key", stage(func(r *csipb.NodeStageVolumeRequest) { r.Secrets = wrongKey }), codes.PermissionDenied, ""},
+				{"NodeStageVolume/endpoint with /../ in the id", stage(func(r *csipb.NodeStageVolumeRequest) {
+					r.VolumeId = volumeID{Account: az.account, Container: "bad-input-vol", Endpoint: dotted("/x/../")}.String()
+				}), codes.InvalidArgument, "volume_id"},
 				{"NodeStageVolume/container does not exist", stage(func(r *csipb.NodeStageVolumeRequest) { r.VolumeId = missing }), codes.NotFound, "no-such-container-here"},
 				{"NodeStageVolume/secretName without API", stage(func(r *csipb.NodeStageVolumeRequest) {
 					r.Secrets = nil
@@ -198,6 +225,20 @@ func TestBadInput(t *testing.T) {
 				{"NodePublishVolume/no target", publish(func(r *csipb.NodePublishVolumeRequest) { r.TargetPath = "" }), codes.InvalidArgument, "target_path"},
 				{"NodePublishVolume/target outside kubelet", publish(func(r *csipb.NodePublishVolumeRequest) { r.TargetPath = filepath.Join(outside, "mount") }), codes.InvalidArgument, "kubelet directory"},
 				{"NodePublishVolume/relative target", publish(func(r *csipb.NodePublishVolumeRequest) { r.TargetPath = "pods/x/mount" }), codes.InvalidArgument, "absolute"},
+				{"NodePublishVolume/target is a file", publish(func(r *csipb.NodePublishVolumeRequest) { r.TargetPath = fileTarget }), codes.InvalidArgument, "target_path"},
+				{"NodePublishVolume/staged, target is a file", func() error {
+					if err := stage(func(*csipb.NodeStageVolumeRequest) {})(); err != nil {
+						t.Fatalf("NodeStageVolume: %v", err)
+					}
+					defer func() {
+						if _, err := d.node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: good, StagingTargetPath: staging}); err != nil {
+							t.Fatalf("NodeUnstageVolume: %v", err)
+						}
+					}()
+					return publish(func(r *csipb.NodePublishVolumeRequest) { r.TargetPath = fileTarget })()
+				}, codes.InvalidArgument, "target_path"},
+				{"NodePublishVolume/target below a file", publish(func(r *csipb.NodePublishVolumeRequest) { r.TargetPath = fileTarget + "/sub" }), codes.InvalidArgument, "target_path"},
+				{"NodePublishVolume/staging path is a file", publish(func(r *csipb.NodePublishVolumeRequest) { r.StagingTargetPath = fileStaging }), codes.InvalidArgument, "staging_target_path"},
 				{"NodePublishVolume/no capability", publish(func(r *csipb.NodePublishVolumeRequest) { r.VolumeCapability = nil }), codes.InvalidArgument, "volume_capability"},
 				{"NodePublishVolume/no staging path", publish(func(r *csipb.NodePublishVolumeRequest) { r.StagingTargetPath = "" }), codes.InvalidArgument, "staging_target_path"},
 				{"NodePublishVolume/staging outside kubelet", publish(func(r *csipb.NodePublishVolumeRequest) { r.StagingTargetPath = outside }), codes.InvalidArgument, "kubelet directory"},
@@ -219,6 +260,10 @@ func TestBadInput(t *testing.T) {
 					r.VolumeId, r.StagingTargetPath, r.Secrets = "csi-0123", "", az.secrets()
 					r.VolumeContext = inline()
 				}), codes.NotFound, "no-such-container-here"},
+				{"NodePublishVolume/inline server with /../", publish(func(r *csipb.NodePublishVolumeRequest) {
+					r.VolumeId, r.StagingTargetPath, r.Secrets = "csi-0123", "", az.secrets()
+					r.VolumeContext = inline("containerName", "bad-input-vol", "server", dotted("/x/../"))
+				}), codes.InvalidArgument, "server"},
 				{"NodePublishVolume/inline bad ephemeral flag", publish(func(r *csipb.NodePublishVolumeRequest) {
 					r.VolumeContext = map[string]string{keyEphemeral: "yes please"}
 				}), codes.InvalidArgument, "ephemeral"},

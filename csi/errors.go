@@ -56,6 +56,10 @@ func pathError(err error) error {
 	if errors.As(err, &symlink) {
 		return invalid("%v", symlink)
 	}
+	var notDir *notDirError
+	if errors.As(err, &notDir) {
+		return invalid("%v", notDir)
+	}
 	return status.Errorf(codes.Internal, "%v", err)
 }
 

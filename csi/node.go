@@ -475,6 +475,11 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 	if sst.State == PathSymlink {
 		return nil, invalid("%v", &symlinkError{field: "staging_target_path", path: staging, link: staging})
 	}
+	if smp != nil {
+		if err := smp.checkDir(); err != nil {
+			return nil, pathError(err)
+		}
+	}
 	// The target is opened before anything is mounted, so that a request
 	// whose target is refused changes nothing.
 	tmp, err := d.openForMount("target_path", target)
@@ -690,18 +695,22 @@ func (d *Driver) dropTarget(id, target string, rec VolumeRecord, ok bool) error 
 
 // openMountPoint opens a staging or target path (checked by checkPath)
 // below the kubelet directory without following symlinks (paths.go). A
-// path that passes through a symlink is InvalidArgument naming field; a
-// missing parent directory (create unset) is errPathMissing, unwrapped;
-// anything else is Internal. create makes missing parents (kubelet makes
-// them; a path kubelet did not make yet gets them as with mkdir -p).
+// path that passes through a symlink or a file is InvalidArgument naming
+// field; a missing parent directory (create unset) is errPathMissing,
+// unwrapped; anything else is Internal. create makes missing parents
+// (kubelet makes them; a path kubelet did not make yet gets them as with
+// mkdir -p).
 func (d *Driver) openMountPoint(field, path string, create bool) (*MountPoint, error) {
 	mp, err := openMountPoint(d.kubeletDir, field, path, create)
 	var symlink *symlinkError
+	var notDir *notDirError
 	switch {
 	case err == nil:
 		return mp, nil
 	case errors.As(err, &symlink):
 		return nil, invalid("%v", symlink)
+	case errors.As(err, &notDir):
+		return nil, invalid("%v", notDir)
 	case errors.Is(err, errPathMissing):
 		return nil, err
 	}
@@ -709,16 +718,16 @@ func (d *Driver) openMountPoint(field, path string, create bool) (*MountPoint, e
 }
 
 // openForMount opens a path to mount on (stage, publish): its parents are
-// created, and a symlink anywhere on it, the last component included, is
-// InvalidArgument naming field.
+// created, and a symlink or a file anywhere on it, the last component
+// included, is InvalidArgument naming field.
 func (d *Driver) openForMount(field, path string) (*MountPoint, error) {
 	mp, err := d.openMountPoint(field, path, true)
 	if err != nil {
 		return nil, pathError(err)
 	}
-	if k, _, err := mp.kind(); err == nil && k == kindSymlink {
+	if err := mp.checkDir(); err != nil {
 		mp.Close()
-		return nil, invalid("%v", &symlinkError{field: field, path: path, link: path})
+		return nil, pathError(err)
 	}
 	return mp, nil
 }
@@ -727,13 +736,16 @@ func (d *Driver) openForMount(field, path string) (*MountPoint, error) {
 // gone is PathMissing; one that is or passes through a symlink is
 // PathSymlink (and err says where): it is never followed.
 func (d *Driver) statusOf(ctx context.Context, field, path string) (PathStatus, error) {
-	mp, err := d.openMountPoint(field, path, false)
+	mp, err := openMountPoint(d.kubeletDir, field, path, false)
+	var symlink *symlinkError
 	switch {
 	case errors.Is(err, errPathMissing):
 		return PathStatus{State: PathMissing}, nil
-	case status.Code(err) == codes.InvalidArgument:
+	case errors.As(err, &symlink):
+		err = invalid("%v", symlink)
 		return PathStatus{State: PathSymlink, Err: err}, err
 	case err != nil:
+		err = status.Errorf(codes.Internal, "%v", err)
 		return PathStatus{State: PathCorrupted, Err: err}, err
 	}
 	defer mp.Close()

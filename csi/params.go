@@ -151,6 +151,11 @@ func parseParams(m map[string]string, field string) (volumeParams, error) {
 		case paramContainerNamePrefix:
 			p.ContainerNamePrefix = v
 		case paramServer:
+			if v != "" {
+				if err := blobstore.CheckEndpoint(serverEndpoint(v)); err != nil {
+					return p, fmt.Errorf("%s[%q]: %v", field, k, err)
+				}
+			}
 			p.Server = v
 		case paramProtocol:
 			if err := checkProtocol(v); err != nil {
@@ -259,7 +264,10 @@ func (p volumeParams) contextFor() map[string]string {
 // kept, a bare host name (as the Azure Blob CSI driver takes it, e.g.
 // acct.privatelink.blob.core.windows.net) gets https://.
 func (p volumeParams) endpoint() string {
-	s := p.Server
+	return serverEndpoint(p.Server)
+}
+
+func serverEndpoint(s string) string {
 	if s == "" || strings.Contains(s, "://") {
 		return s
 	}

@@ -67,6 +67,21 @@ func (e *symlinkError) Error() string {
 	return fmt.Sprintf("%s %q passes through a symlink at %s; symlinks below the kubelet directory are not followed", e.field, clip(e.path, 200), clip(e.link, 200))
 }
 
+// notDirError is a path that is, or passes through, something other than
+// a directory (a regular file, a device) below the kubelet directory: the
+// request named a path the driver cannot mount on. It names the request's
+// field and what is not a directory.
+type notDirError struct {
+	field, path, at string
+}
+
+func (e *notDirError) Error() string {
+	if e.at == e.path {
+		return fmt.Sprintf("%s %q is not a directory", e.field, clip(e.path, 200))
+	}
+	return fmt.Sprintf("%s %q passes through %s, which is not a directory", e.field, clip(e.path, 200), clip(e.at, 200))
+}
+
 // MountPoint is a staging or target directory as the node acts on it: its
 // parent directory is held open (O_PATH), reached from the kubelet
 // directory without following any symlink, and every operation goes
@@ -84,7 +99,8 @@ type MountPoint struct {
 // openMountPoint opens the parent of path (a cleaned path below root) one
 // component at a time, refusing symlinks and creating missing directories
 // (mode 0750) when create is set. A symlink gives a *symlinkError, a
-// missing parent (create unset) errPathMissing. The last component is not
+// parent that is not a directory a *notDirError, a missing parent (create
+// unset) errPathMissing. The last component is not
 // looked at here: see MountPoint.kind and dir.
 func openMountPoint(root, field, path string, create bool) (*MountPoint, error) {
 	rel, err := filepath.Rel(root, path)
@@ -111,7 +127,7 @@ func openMountPoint(root, field, path string, create bool) (*MountPoint, error) 
 		case errors.Is(err, unix.ENOENT):
 			return nil, fmt.Errorf("%s: %s: %w", field, at, errPathMissing)
 		case errors.Is(err, unix.ENOTDIR):
-			return nil, fmt.Errorf("%s %q: %s is not a directory", field, clip(path, 200), at)
+			return nil, &notDirError{field: field, path: path, at: at}
 		case err != nil:
 			return nil, fmt.Errorf("%s: open %s: %w", field, at, err)
 		}
@@ -178,13 +194,32 @@ func (m *MountPoint) kind() (pathKind, bool, error) {
 	return kindOther, mounted, nil
 }
 
+// checkDir refuses a last component that exists and is not a directory:
+// a symlink is a *symlinkError, anything else (a regular file) a
+// *notDirError. Missing is fine. It asks no filesystem anything (kind).
+func (m *MountPoint) checkDir() error {
+	k, _, err := m.kind()
+	switch {
+	case err != nil:
+		return nil // a dead mount: the caller's Status says so
+	case k == kindSymlink:
+		return &symlinkError{field: m.field, path: m.Path, link: m.Path}
+	case k == kindOther:
+		return &notDirError{field: m.field, path: m.Path, at: m.Path}
+	}
+	return nil
+}
+
 // dir opens the directory itself (O_PATH): the root of what is mounted on
-// it, if anything is. A symlink is a *symlinkError.
+// it, if anything is. A symlink is a *symlinkError, anything else that is
+// not a directory a *notDirError.
 func (m *MountPoint) dir() (*os.File, error) {
 	fd, err := openBeneath(int(m.parent.Fd()), m.name)
 	switch {
 	case errors.Is(err, unix.ELOOP):
 		return nil, &symlinkError{field: m.field, path: m.Path, link: m.Path}
+	case errors.Is(err, unix.ENOTDIR):
+		return nil, &notDirError{field: m.field, path: m.Path, at: m.Path}
 	case errors.Is(err, unix.ENOENT):
 		return nil, fmt.Errorf("%s %s: %w", m.field, m.Path, errPathMissing)
 	case err != nil:

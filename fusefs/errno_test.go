@@ -2,15 +2,19 @@ package fusefs
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/blobstore/storetest"
 )
 
 func TestToStatus(t *testing.T) {
@@ -32,6 +36,48 @@ func TestToStatus(t *testing.T) {
 	} {
 		if got := toStatus(tc.err); got != tc.want {
 			t.Errorf("%s: toStatus(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestTruncateTooLargeIsEFBIG: a truncate beyond the largest file the
+// spill directory can hold is the caller's mistake: it fails with EFBIG,
+// by path and through an open file, leaves the file as it was, and blobfs
+// logs nothing at WARN or above for it.
+func TestTruncateTooLargeIsEFBIG(t *testing.T) {
+	const huge = math.MaxInt64 // the kernel's limit for FUSE: it passes it on
+	cache := t.TempDir()
+	probe, err := os.CreateTemp(cache, "probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = probe.Truncate(huge)
+	probe.Close()
+	os.Remove(probe.Name())
+	if !errors.Is(err, syscall.EFBIG) {
+		t.Skipf("the cache directory's filesystem takes a %d-byte file (%v): no EFBIG to test", int64(huge), err)
+	}
+	s := storetest.Memory(t)
+	putBlob(t, s, "f", []byte("kept"), nil)
+	log, logged := capturingLogger(t)
+	mnt, _ := mountStore(t, s, Options{Logger: log, CacheDir: cache})
+
+	wantErrno(t, os.Truncate(join(mnt, "f"), huge), syscall.EFBIG)
+	f, err := os.OpenFile(join(mnt, "f"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, f.Truncate(huge), syscall.EFBIG)
+	if err := f.Close(); err != nil {
+		t.Fatalf("close after a refused ftruncate: %v", err)
+	}
+	if b, err := os.ReadFile(join(mnt, "f")); err != nil || string(b) != "kept" {
+		t.Errorf("f after refused truncates: %q, %v; want %q", b, err, "kept")
+	}
+	// The log line, if any, was written before the reply.
+	for _, l := range strings.Split(logged.String(), "\n") {
+		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+			t.Errorf("logged for a truncate beyond the largest file: %s", l)
 		}
 	}
 }

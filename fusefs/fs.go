@@ -767,7 +767,13 @@ func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) 
 			return fuse.EINVAL
 		}
 		if err := fs.truncate(ctx, n, int64(size)); err != nil {
-			fs.log.Warn("truncate failed", "path", path, "err", err)
+			if errors.Is(err, syscall.EFBIG) {
+				// Beyond the largest file the spill directory holds:
+				// the caller's mistake, answered, not blobfs failing.
+				fs.log.Debug("truncate beyond the largest file", "path", path, "size", size, "err", err)
+			} else {
+				fs.log.Warn("truncate failed", "path", path, "err", err)
+			}
 			return toStatus(err)
 		}
 	}

@@ -92,7 +92,8 @@ func mounted(t *testing.T, mp string) bool {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) > 4 && fields[4] == mp {
+		// The kernel escapes a space in a path as \040.
+		if fields := strings.Fields(sc.Text()); len(fields) > 4 && fields[4] == strings.ReplaceAll(mp, " ", `\040`) {
 			return true
 		}
 	}
@@ -439,5 +440,61 @@ func TestNonEmptyAndUnmountMessages(t *testing.T) {
 		if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(string(out), tc.want) || strings.Count(string(out), "\n") != 1 {
 			t.Errorf("blobfs unmount %s: %v, %q; want status 1 and one line with %q", tc.path, err, out, tc.want)
 		}
+	}
+}
+
+// TestUnmountRefusesOtherFilesystems: blobfs unmount detaches blobfs
+// mounts only. A tmpfs is refused, with or without -z, in one line that
+// says what is mounted there, and stays mounted with its files; a dead
+// blobfs mount (its server killed: ENOTCONN), at a path with a space in
+// it, is still unmounted.
+func TestUnmountRefusesOtherFilesystems(t *testing.T) {
+	bin := blobfsBin(t)
+	tmp := t.TempDir()
+	if err := syscall.Mount("tmpfs", tmp, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(tmp, syscall.MNT_DETACH) })
+	if err := os.WriteFile(filepath.Join(tmp, "canary"), []byte("alive"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"unmount", tmp}, {"unmount", "-z", tmp}, {"umount", tmp + "/"}} {
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		var exit *exec.ExitError
+		want := tmp + " is a mount of type tmpfs"
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(string(out), want) || !strings.Contains(string(out), "not blobfs") || strings.Count(string(out), "\n") != 1 {
+			t.Errorf("blobfs %q: %v, %q; want status 1 and one line with %q and \"not blobfs\"", args, err, out, want)
+		}
+		if b, err := os.ReadFile(filepath.Join(tmp, "canary")); !mounted(t, tmp) || err != nil || string(b) != "alive" {
+			t.Fatalf("after blobfs %q the tmpfs is gone (mounted %v; its file: %q, %v)", args, mounted(t, tmp), b, err)
+		}
+	}
+
+	store, mp := t.TempDir(), filepath.Join(t.TempDir(), "dead mount")
+	if err := os.Mkdir(mp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "mount", "--foreground", "--local-dir", store, "--cache-dir", t.TempDir(), "--log-file", filepath.Join(t.TempDir(), "log"), mp)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); syscall.Unmount(mp, syscall.MNT_DETACH) })
+	waitMounted(t, mp, true)
+	if err := os.WriteFile(filepath.Join(mp, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatalf("write to the mount before killing its server: %v", err)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	// statfs asks the server (a stat of the root may be answered from the
+	// kernel's cache).
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(mp, &st); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("statfs of the mount after its server was killed: %v; want ENOTCONN", err)
+	}
+	if out, err := exec.Command(bin, "unmount", mp).CombinedOutput(); err != nil {
+		t.Fatalf("blobfs unmount of a dead blobfs mount: %v: %s", err, out)
+	}
+	if mounted(t, mp) {
+		t.Fatal("the dead blobfs mount is still mounted after blobfs unmount")
 	}
 }

@@ -108,7 +108,7 @@ func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.StringVar(&c.log.file, "log-file", "", "log to this file, opened again at SIGHUP (default: stderr in the foreground; in the background /var/log/blobfs/blobfs-MOUNTPOINT.log as root, else under $TMPDIR)")
 	fl.BoolVar(&c.mount.Debug, "debug-fuse", false, "log every FUSE request and reply (very verbose)")
 	fl.DurationVar(&c.checkTime, "check-timeout", 30*time.Second, "how long the pre-mount check of the store may take")
-	fl.IntVar(&c.limit, "restart-limit", 10, "in the background: worker crashes in a row (each within 10s of its start) after which the supervisor stops restarting it")
+	fl.IntVar(&c.limit, "restart-limit", 10, "in the background: the supervisor gives up at this many worker crashes in a row (each within 10s of its start), having restarted the worker after each one before (10: 9 restarts); 0 or 1: never restart")
 	fl.DurationVar(&c.grace, "shutdown-grace", 10*time.Second, "on SIGTERM with files still open, how long to keep serving them (detached) before exiting")
 	fl.BoolVar(&c.nonEmpty, "nonempty", false, "allow mounting over a directory that is not empty (its files are hidden while mounted)")
 	fl.StringVar(&c.metricsAddr, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, e.g. 127.0.0.1:9810 (default: off)")
@@ -199,7 +199,7 @@ func (c *mountConfig) checkFlags(fl *pflag.FlagSet) error {
 	case c.grace < 0:
 		return fmt.Errorf("--shutdown-grace %v: must not be negative", c.grace)
 	case c.limit < 0:
-		return fmt.Errorf("--restart-limit %d: must not be negative (0 gives up at the first crash)", c.limit)
+		return fmt.Errorf("--restart-limit %d: must not be negative (0 and 1 give up at the first crash)", c.limit)
 	}
 	if err := c.log.check(); err != nil {
 		return err
@@ -726,26 +726,86 @@ func checkMountpoint(mp string, nonEmpty bool) error {
 // mountedAt describes the mount whose mount point is exactly path ("fuse.blobfs
 // blobfs", "tmpfs tmpfs"), or returns "" when there is none.
 func mountedAt(path string) string {
-	infos, err := mountutils.ParseMountInfo("/proc/self/mountinfo")
-	if err != nil {
-		return ""
-	}
-	for i := len(infos) - 1; i >= 0; i-- {
-		if infos[i].MountPoint == path {
-			return infos[i].FsType + " " + infos[i].Source
-		}
+	if mi, ok := mountAt(path); ok {
+		return mi.FsType + " " + mi.Source
 	}
 	return ""
 }
+
+// mountAt is the mount table's entry for the mount whose mount point is
+// exactly path: the top one where mounts are stacked, which umount(2)
+// would detach. The table is read, nothing on the mount is asked, so a
+// dead or hung mount is found like any other.
+func mountAt(path string) (mountutils.MountInfo, bool) {
+	infos, err := mountutils.ParseMountInfo("/proc/self/mountinfo")
+	if err != nil {
+		return mountutils.MountInfo{}, false
+	}
+	for i := len(infos) - 1; i >= 0; i-- {
+		if unescapeMountInfo(infos[i].MountPoint) == path {
+			return infos[i], true
+		}
+	}
+	return mountutils.MountInfo{}, false
+}
+
+// unescapeMountInfo undoes the kernel's octal escapes in a mountinfo
+// field (a space is \040, a tab \011, a newline \012, a backslash
+// \134), which mountutils leaves in.
+func unescapeMountInfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// blobfsFsType is the file system type of every blobfs mount in the mount
+// table (fusefs mounts FUSE with the subtype blobfs), a dead one included.
+const blobfsFsType = "fuse.blobfs"
 
 // unmountBusyWait is how long unmountPath tries again while the mount is
 // busy.
 const unmountBusyWait = time.Second
 
+// unmountPath detaches the blobfs mount at mp, and nothing else: a path
+// where another file system is mounted (a tmpfs, /proc) is refused, as is
+// one where nothing is. A dead blobfs mount (ENOTCONN) is detached like a
+// live one: it is found in the mount table, not by asking the mount.
 func unmountPath(mp string, lazy bool) error {
 	abs, err := filepath.Abs(mp)
 	if err != nil {
 		return err
+	}
+	mi, ok := mountAt(abs)
+	if !ok {
+		// The mount table has resolved paths: umount(2) follows a
+		// symlink, so look where it would.
+		resolved, err := filepath.EvalSymlinks(abs)
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("unmount %s: no such directory", abs)
+		}
+		if err == nil {
+			if mi, ok = mountAt(resolved); ok {
+				abs = resolved
+			}
+		}
+	}
+	switch {
+	case !ok:
+		return fmt.Errorf("unmount %s: not mounted", abs)
+	case mi.FsType != blobfsFsType:
+		return fmt.Errorf("unmount: %s is a mount of type %s (source %q), not blobfs; refusing", abs, mi.FsType, mi.Source)
 	}
 	err = fusefs.Unmount(abs, lazy)
 	// A file closed just before keeps the mount busy until blobfs has

@@ -17,9 +17,9 @@ package main
 //
 // Restarts back off: the first two crashes in a row restart at once, then
 // the wait doubles from 250ms up to 30s. A worker that served for
-// healthyUptime was healthy, and the count starts again. After
-// --restart-limit crashes in a row the supervisor stops restarting and says
-// so in the log; the mount stays held, so applications wait instead of
+// healthyUptime was healthy, and the count starts again. At the
+// --restart-limit-th crash in a row (N: N-1 restarts; 0 counts as 1) the
+// supervisor stops restarting and says so in the log; the mount stays held, so applications wait instead of
 // failing, until SIGHUP (try again), SIGTERM (a last worker uploads and
 // unmounts) or an unmount from outside.
 //
@@ -103,7 +103,7 @@ type supervisor struct {
 	logs  *logFile
 	fuse  *os.File // the mount's /dev/fuse descriptor, held for its life
 	state *os.File // the state region, held for the mount's life
-	limit int      // crashes in a row before giving up
+	limit int      // the crash in a row at which it gives up (0 as 1)
 }
 
 // worker is one running worker process.
@@ -320,7 +320,7 @@ func (s *supervisor) run(ready func(error, string)) error {
 			}
 			crashes++
 			switch {
-			case crashes > s.limit:
+			case crashes >= s.limit:
 				gaveUp = true
 				s.log.Error("not restarting the worker: it died "+fmt.Sprint(crashes)+" times in a row (--restart-limit "+fmt.Sprint(s.limit)+"). "+
 					"The mount stays and requests to it wait: send SIGHUP to the supervisor to try again, "+

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -543,4 +544,77 @@ func TestBackgroundGiveUpAndSIGHUP(t *testing.T) {
 		t.Fatalf("unmount: %v\n%s", err, out)
 	}
 	waitExited(t, w.ppid, "supervisor")
+}
+
+// TestBackgroundRestartLimit counts restarts: with --restart-limit 3 the
+// supervisor restarts the worker after its first and second crash in a
+// row, and gives up at the third: two restarts, exactly, and no worker
+// runs after. Then SIGHUP starts a worker again.
+func TestBackgroundRestartLimit(t *testing.T) {
+	bin := blobfsBin(t)
+	const limit = 3
+	store, mp := t.TempDir(), t.TempDir()
+	log := backgroundMount(t, bin, store, mp, "--restart-limit", strconv.Itoa(limit), "--log-format", "json")
+	w := waitWorker(t, mp, 0)
+	for crash := 1; ; crash++ {
+		if err := syscall.Kill(w.pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		restarts, gaveUp := waitRestartDecisions(t, log, crash)
+		if gaveUp {
+			if crash != limit || restarts != limit-1 {
+				t.Fatalf("--restart-limit %d: the supervisor gave up at crash %d after %d restarts; want it to give up at crash %d after %d", limit, crash, restarts, limit, limit-1)
+			}
+			break
+		}
+		if crash >= limit {
+			t.Fatalf("--restart-limit %d: the supervisor restarted the worker after crash %d (%d restarts); want it to give up at crash %d after %d restarts", limit, crash, restarts, limit, limit-1)
+		}
+		w = waitWorker(t, mp, w.pid)
+	}
+	if cur, _ := findWorker(mp); cur != nil {
+		t.Fatalf("worker %d runs although the supervisor gave up", cur.pid)
+	}
+	if err := syscall.Kill(w.ppid, syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitWorker(t, mp, w.pid)
+}
+
+// waitRestartDecisions waits until the supervisor has decided about n
+// worker crashes (a JSON log), and returns how many it restarted and
+// whether it gave up.
+func waitRestartDecisions(t *testing.T, log string, n int) (restarts int, gaveUp bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, _ := os.ReadFile(log)
+		restarts, gaveUp = 0, false
+		for _, l := range strings.Split(string(b), "\n") {
+			var rec struct{ Msg string }
+			if json.Unmarshal([]byte(l), &rec) != nil {
+				continue
+			}
+			switch {
+			case rec.Msg == "restarting the worker":
+				restarts++
+			case strings.HasPrefix(rec.Msg, "not restarting the worker"):
+				gaveUp = true
+			}
+		}
+		if restarts+btoi(gaveUp) >= n {
+			return restarts, gaveUp
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30s the log shows decisions about %d of %d crashes:\n%s", restarts+btoi(gaveUp), n, b)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
