@@ -68,6 +68,9 @@ func TestTruncateTooLargeIsEFBIG(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantErrno(t, f.Truncate(huge), syscall.EFBIG)
+	// A write ending past the largest file the cache directory holds.
+	_, err = f.WriteAt([]byte("x"), huge-1)
+	wantErrno(t, err, syscall.EFBIG)
 	if err := f.Close(); err != nil {
 		t.Fatalf("close after a refused ftruncate: %v", err)
 	}
@@ -77,7 +80,7 @@ func TestTruncateTooLargeIsEFBIG(t *testing.T) {
 	// The log line, if any, was written before the reply.
 	for _, l := range strings.Split(logged.String(), "\n") {
 		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
-			t.Errorf("logged for a truncate beyond the largest file: %s", l)
+			t.Errorf("logged for a truncate or write beyond the largest file: %s", l)
 		}
 	}
 }

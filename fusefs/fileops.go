@@ -677,7 +677,13 @@ func (fs *FS) Write(_ <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, f
 	ctx, cf := fs.reqContext()
 	defer cf()
 	if err := h.of.write(ctx, data, int64(in.Offset)); err != nil {
-		fs.log.Warn("write failed", "err", err)
+		if errors.Is(err, syscall.EFBIG) {
+			// Beyond the largest file the spill directory holds: the
+			// caller's mistake, answered, not blobfs failing.
+			fs.log.Debug("write beyond the largest file", "node", h.n.id, "offset", in.Offset, "err", err)
+		} else {
+			fs.log.Warn("write failed", "node", h.n.id, "err", err)
+		}
 		return 0, toStatus(err)
 	}
 	fs.mu.Lock()
