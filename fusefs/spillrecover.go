@@ -175,10 +175,16 @@ func clearSpillRecord(f *os.File) {
 
 // lostFoundPath names a new file in CacheDir/lost+found for data of
 // blobName that could not be uploaded.
+// A file whose name is no longer known (its directory was removed while
+// it was open) is kept as "<time>-unnamed", not "<time>-.".
 func (fs *FS) lostFoundPath(blobName string) string {
 	dir := filepath.Join(fs.opts.CacheDir, "lost+found")
 	os.MkdirAll(dir, 0o700)
-	return filepath.Join(dir, fmt.Sprintf("%d-%s", time.Now().UnixNano(), filepath.Base(blobName)))
+	base := filepath.Base(blobName)
+	if blobName == "" || base == "." || base == "/" {
+		base = "unnamed"
+	}
+	return filepath.Join(dir, fmt.Sprintf("%d-%s", time.Now().UnixNano(), base))
 }
 
 // lockSpillDir takes this filesystem's flock on the spill directory, held

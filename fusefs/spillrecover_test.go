@@ -564,3 +564,16 @@ func TestRenameRecordsOfLostSession(t *testing.T) {
 		})
 	}
 }
+
+// TestLostFoundNames: a file kept in lost+found is named after its blob,
+// and one whose name is no longer known gets a name that says so, not
+// "<time>-.".
+func TestLostFoundNames(t *testing.T) {
+	fsys := &FS{opts: Options{CacheDir: t.TempDir()}}
+	for blob, want := range map[string]string{"dir/f.txt": "-f.txt", "f": "-f", "": "-unnamed", "/": "-unnamed"} {
+		got := filepath.Base(fsys.lostFoundPath(blob))
+		if !strings.HasSuffix(got, want) || strings.Count(got, "-") != strings.Count(want, "-") {
+			t.Errorf("lost+found name for %q: %s, want <time>%s", blob, got, want)
+		}
+	}
+}
