@@ -181,7 +181,7 @@ func modeOf(k nodeKind) uint32 {
 // position off unless the pass has ended before it. Offset 0 starts a new
 // pass; so does any offset on a handle without one (restored after a
 // restart: the new pass skips to off). The caller holds h.dirMu.
-func (fs *FS) dirEntries(h *handle, off uint64) (*dirStream, []dirItem, fuse.Status) {
+func (fs *FS) dirEntries(ctx context.Context, h *handle, off uint64) (*dirStream, []dirItem, fuse.Status) {
 	if off == 0 || h.dir == nil {
 		path, ok := fs.pathOf(h.n)
 		if !ok {
@@ -195,7 +195,7 @@ func (fs *FS) dirEntries(h *handle, off uint64) (*dirStream, []dirItem, fuse.Sta
 	if off > uint64(maxPassLen) {
 		return h.dir, nil, fuse.OK // past any pass's end
 	}
-	items, err := h.dir.await(int(off))
+	items, err := h.dir.await(ctx, int(off))
 	if err != nil {
 		return nil, nil, toStatus(err)
 	}
@@ -214,9 +214,11 @@ func (fs *FS) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList
 	if h == nil {
 		return fuse.EBADF
 	}
+	ctx, cf := fs.readContext(in.Unique, in.Pid)
+	defer cf()
 	h.dirMu.Lock()
 	defer h.dirMu.Unlock()
-	s, items, st := fs.dirEntries(h, in.Offset)
+	s, items, st := fs.dirEntries(ctx, h, in.Offset)
 	if !st.Ok() {
 		return st
 	}
@@ -238,9 +240,11 @@ func (fs *FS) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntry
 	if h == nil {
 		return fuse.EBADF
 	}
+	ctx, cf := fs.readContext(in.Unique, in.Pid)
+	defer cf()
 	h.dirMu.Lock()
 	defer h.dirMu.Unlock()
-	s, items, st := fs.dirEntries(h, in.Offset)
+	s, items, st := fs.dirEntries(ctx, h, in.Offset)
 	if !st.Ok() {
 		return st
 	}

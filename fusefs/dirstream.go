@@ -139,15 +139,25 @@ func (fs *FS) newDirStream(dir string) *dirStream {
 
 // await returns the pass's entries, with at least one at position off
 // unless the pass has fewer: it waits for the listing only when the
-// entries at hand end before off, or are only "." and "..".
-func (s *dirStream) await(off int) ([]dirItem, error) {
+// entries at hand end before off, or are only "." and "..", and until ctx
+// ends (its caller was killed: callerdeath.go); the listing goes on.
+func (s *dirStream) await(ctx context.Context, off int) ([]dirItem, error) {
 	need := max(off, 2) // "." and ".." alone are not worth a reply
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	stop := context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	defer stop()
 	s.want = max(s.want, need+1) // the fetcher goes on until len(items) > need
 	for len(s.items) <= need && !s.done {
 		if err := s.err; err != nil {
 			s.err = nil // the next read tries again
+			return nil, err
+		}
+		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		s.startFetcherLocked()

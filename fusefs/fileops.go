@@ -483,7 +483,7 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 	if !ok {
 		return nil, fuse.Status(syscall.ESTALE)
 	}
-	ctx, cf := fs.reqContext()
+	ctx, cf := fs.readContext(in.Unique, in.Pid)
 	defer cf()
 	if inStore && etag == "" {
 		// Attributes not known yet: a node restored from the state
@@ -526,7 +526,9 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 		err = errContentMismatch
 	}
 	if err != nil {
-		fs.log.Warn("read failed", "path", path, "off", off, "err", err)
+		if !callerGone(ctx) {
+			fs.log.Warn("read failed", "path", path, "off", off, "err", err)
+		}
 		return nil, toStatus(err)
 	}
 	fs.readBytes.Add(int64(res.Size()))

@@ -101,6 +101,9 @@ type FS struct {
 	// adoptInit is the INIT request of a mount restored from a state
 	// region: the mount is live and must be adopted, not mounted.
 	adoptInit []byte
+	// reads are the read-only requests a killed caller may end early
+	// (callerdeath.go).
+	reads readRequests
 	// crashHook, set by tests only, is called at the crash points of
 	// requests (crashPoint).
 	crashHook func(where string)
@@ -276,18 +279,18 @@ func (fs *FS) SetDebug(bool) {}
 func (fs *FS) Init(*fuse.Server) {}
 
 // reqContext is the context of a request: it ends with the file system
-// only. Requests run to their end whatever signal their caller gets: the
-// session answers the kernel's first FUSE_INTERRUPT with ENOSYS, after
-// which it sends none (Session.refuseInterrupt), as for libfuse file
-// systems mounted without -o intr. The kernel sends one whenever the
+// only. Requests run to their end whatever signal their caller gets (a
+// read-only one ends early only when its caller is killed: readContext,
+// callerdeath.go), as in libfuse file systems mounted without -o intr.
+// The kernel sends a FUSE_INTERRUPT whenever the
 // calling thread gets any signal (the Go runtime sends SIGURG to preempt),
 // and a request abandoned on it answered EINTR: a change may have reached
 // the store all the same, and the retry the Go runtime (and many C
 // programs) makes at once then found it done: mkdir failed with EEXIST,
 // unlink and rename with ENOENT (39 of 500 os.Mkdir calls of a Go program
 // on Azurite). A lookup or read slower than the signals' interval failed
-// over and over. SIGKILL still ends the caller at once; the store's retry
-// budget bounds how long a request can take.
+// over and over. A SIGKILLed caller waits for the answer to a change it
+// made; the store's retry budget bounds how long a request can take.
 func (fs *FS) reqContext() (context.Context, context.CancelFunc) {
 	return context.WithCancel(fs.ctx)
 }
@@ -601,7 +604,7 @@ func (fs *FS) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *fuse
 		// Such a name cannot exist in the store.
 		return fuse.ENOENT
 	}
-	ctx, cf := fs.reqContext()
+	ctx, cf := fs.readContext(h.Unique, h.Pid)
 	defer cf()
 	n, err := fs.resolve(ctx, dir, dirPath, name)
 	if errors.Is(err, blobstore.ErrNotFound) {
@@ -614,7 +617,9 @@ func (fs *FS) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *fuse
 		return fuse.OK
 	}
 	if err != nil {
-		fs.log.Warn("lookup failed", "path", joinPath(dirPath, name), "err", err)
+		if !callerGone(ctx) {
+			fs.log.Warn("lookup failed", "path", joinPath(dirPath, name), "err", err)
+		}
 		return toStatus(err)
 	}
 	fs.mu.Lock()
@@ -648,14 +653,14 @@ func (fs *FS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) 
 	}
 	fs.mu.Unlock()
 
-	ctx, cf := fs.reqContext()
+	ctx, cf := fs.readContext(in.Unique, in.Pid)
 	defer cf()
 	a, err := fs.store.Stat(ctx, path)
 	fs.mu.Lock()
 	err = fs.applyStatLocked(n, a, err)
 	fs.mu.Unlock()
 	if err != nil {
-		if !errors.Is(err, blobstore.ErrNotFound) {
+		if !errors.Is(err, blobstore.ErrNotFound) && !callerGone(ctx) {
 			fs.log.Warn("getattr failed", "path", path, "err", err)
 		}
 		return toStatus(err)

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -140,5 +144,88 @@ func TestExistsAfterAllIsSeen(t *testing.T) {
 	}
 	if st, err := os.Stat(join(mnt, "made-elsewhere")); err != nil || !st.IsDir() {
 		t.Fatalf("stat after EEXIST: %v, %v; want the directory", st, err)
+	}
+}
+
+// listGate, once armed, holds every List until release is closed, and
+// says when one is held.
+type listGate struct {
+	blobstore.Store
+	armed   atomic.Bool
+	held    chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *listGate) List(ctx context.Context, opts blobstore.ListOptions) (blobstore.ListPage, error) {
+	if s.armed.Load() {
+		s.once.Do(func() { close(s.held) })
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return blobstore.ListPage{}, ctx.Err()
+		}
+	}
+	return s.Store.List(ctx, opts)
+}
+
+// TestKilledReaderLeavesAtOnce: a process killed while a lookup or a
+// readdir of its waits for the store (saturated, or down) leaves at once:
+// blobfs answers the read-only request of a caller that has SIGKILL
+// pending. (Issue 38: a killed `ls` stayed in the kernel for more than
+// 75 s.) The listing is held until the test ends, so only the answer to
+// the killed caller can let it go.
+func TestKilledReaderLeavesAtOnce(t *testing.T) {
+	ls, err := exec.LookPath("ls")
+	if err != nil {
+		t.Skip("no ls")
+	}
+	for _, c := range []struct {
+		name string
+		// opts: readdir keeps the name in the kernel (the test looks
+		// it up first) and no listing, so that ls's getdents lists.
+		opts        Options
+		lookUpFirst bool
+	}{
+		{"lookup", Options{AttrTimeout: -1, EntryTimeout: -1, NegativeTimeout: -1, ListTimeout: -1}, false},
+		{"readdir", Options{AttrTimeout: time.Hour, EntryTimeout: time.Hour, ListTimeout: -1}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			store := &listGate{Store: blobstore.NewMemory(), held: make(chan struct{}), release: make(chan struct{})}
+			defer close(store.release)
+			putBlob(t, store.Store, "dir/a", []byte("a"), nil)
+			putBlob(t, store.Store, "dir/b", []byte("b"), nil)
+			log, logged := capturingLogger(t)
+			c.opts.Logger = log
+			mnt, _ := mountStore(t, store, c.opts)
+			if c.lookUpFirst {
+				if _, err := os.Stat(join(mnt, "dir")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			store.armed.Store(true)
+			cmd := exec.Command(ls, join(mnt, "dir"))
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			select {
+			case <-store.held:
+			case err := <-exited:
+				t.Fatalf("ls ended before it waited for the store: %v", err)
+			}
+			cmd.Process.Kill()
+			select {
+			case <-exited:
+			case <-time.After(20 * time.Second):
+				t.Fatal("a process killed while its request waited for the store is still there after 20 s")
+			}
+			for _, l := range strings.Split(logged.String(), "\n") {
+				if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+					t.Errorf("logged for a killed caller: %s", l)
+				}
+			}
+		})
 	}
 }

@@ -237,7 +237,7 @@ func (fs *FS) Readlink(_ <-chan struct{}, h *fuse.InHeader) ([]byte, fuse.Status
 	if target != "" {
 		return []byte(target), fuse.OK
 	}
-	ctx, cf := fs.reqContext()
+	ctx, cf := fs.readContext(h.Unique, h.Pid)
 	defer cf()
 	buf := make([]byte, 4096)
 	got, err := fs.store.ReadAt(ctx, path, buf, 0, "")

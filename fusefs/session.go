@@ -467,6 +467,11 @@ func leUint32(b []byte) uint32 {
 // blocks after the header in out.
 func (s *Session) reply(req, out []byte, slot *replySlot) error {
 	if len(req) >= 16 && leUint32(req[4:8]) == opInterrupt {
+		if fs, ok := s.fs.(interface{ interrupt(unique uint64) }); ok && len(req) >= 48 {
+			// Watched, not answered (callerdeath.go).
+			fs.interrupt(uint64(leUint32(req[40:44])) | uint64(leUint32(req[44:48]))<<32)
+			return nil
+		}
 		return s.refuseInterrupt(req)
 	}
 	n, st := s.server.HandleRequest([][]byte{req}, [][]byte{out})
