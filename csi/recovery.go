@@ -207,7 +207,13 @@ func (d *Driver) replaceDeadViews(rec *VolumeRecord, source *MountPoint) {
 			// check must not replace a view every interval).
 			d.log.Error("could not give every running container its volume back; their new opens keep failing until they restart", append(attrs, "err", res.Err)...)
 		case res.Replaced > 0:
-			d.log.Info("running containers have their volume back (files they had open stay failed)", attrs...)
+			d.log.Info("running containers have their volume back (files they had open stay failed)", append(attrs, "nested_mounts_kept", res.Nested)...)
+		}
+		if res.NestedErr != nil {
+			// The view itself is back; what was mounted inside it (a
+			// configMap, a secret, another volume) is not, at the paths
+			// named, until the container restarts.
+			d.log.Error("mounts inside a running container's volume could not be put back; the container sees the volume's own directories there", append(attrs, "nested_mounts_kept", res.Nested, "nested_mounts_lost", res.NestedLost, "err", res.NestedErr)...)
 		}
 		if d.metrics != nil {
 			d.metrics.countViewRepairs(res)
