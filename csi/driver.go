@@ -37,6 +37,9 @@ const (
 	// the node's disk cache by default.
 	DefaultDiskCacheDir = "/var/lib/blobfs/disk-cache"
 	defaultHealthEvery  = 30 * time.Second
+	// maxLookupBackoff bounds the wait between two API lookups of an
+	// unhealthy volume's credentials (apiBackoff).
+	maxLookupBackoff = 10 * time.Minute
 )
 
 // Config is everything the driver is told; cmd turns flags into one. New
@@ -154,6 +157,9 @@ type Driver struct {
 	// mounted with, in memory only, for repairs while this process lives.
 	credsMu sync.Mutex
 	creds   map[string]credentials
+	// lookups spaces out the API lookups of an unhealthy volume's
+	// credentials (apibackoff.go).
+	lookups *apiBackoff
 	// unhealthy counts volumes whose last check found a dead mount.
 	unhealthyMu sync.Mutex
 	unhealthy   map[string]string // volume id -> reason
@@ -224,6 +230,7 @@ func New(cfg Config) (*Driver, error) {
 		locks:          newVolumeLocks(),
 		socketPath:     sock,
 		creds:          map[string]credentials{},
+		lookups:        newAPIBackoff(cfg.HealthInterval, maxLookupBackoff),
 		unhealthy:      map[string]string{},
 		repairReported: map[string]string{},
 	}

@@ -860,6 +860,25 @@ func (d *Driver) credsFor(ctx context.Context, rec VolumeRecord) (credentials, e
 	if ok {
 		return c, nil
 	}
+	if rec.CredentialSource == "identity" {
+		return credentials{}, nil
+	}
+	// Through the API: not again at every health check while it fails.
+	if err := d.lookups.wait(rec.VolumeID); err != nil {
+		return c, err
+	}
+	c, err := d.credsFromAPI(ctx, rec)
+	if err != nil {
+		d.lookups.failed(rec.VolumeID, err)
+	}
+	return c, err
+}
+
+// credsFromAPI reads a recorded volume's credentials again through the
+// Kubernetes API: the Secret its secretName names, or the one its
+// PersistentVolume's nodeStageSecretRef names.
+func (d *Driver) credsFromAPI(ctx context.Context, rec VolumeRecord) (credentials, error) {
+	var c credentials
 	readSecret := func(ns, name string) (credentials, error) {
 		data, err := d.secrets.GetSecret(ctx, ns, name)
 		if err != nil {
@@ -871,10 +890,7 @@ func (d *Driver) credsFor(ctx context.Context, rec VolumeRecord) (credentials, e
 		}
 		return c, nil
 	}
-	switch src := rec.CredentialSource; {
-	case src == "identity":
-		return credentials{}, nil
-	case strings.HasPrefix(src, "secret:"):
+	if src := rec.CredentialSource; strings.HasPrefix(src, "secret:") {
 		ns, name, _ := strings.Cut(strings.TrimPrefix(src, "secret:"), "/")
 		if d.secrets == nil {
 			return c, status.Errorf(codes.FailedPrecondition, "secret %s/%s: no access to the Kubernetes API", ns, name)
@@ -888,7 +904,7 @@ func (d *Driver) credsFor(ctx context.Context, rec VolumeRecord) (credentials, e
 		return c, status.Errorf(codes.Unavailable,
 			"volume %q lost its mount, and its credentials came with NodeStageVolume and the driver has no access to the Kubernetes API to read them again: it waits for kubelet to stage the volume (a new pod using it)", rec.VolumeID)
 	}
-	ns, name, err := refs.StageSecretRef(ctx, d.cfg.DriverName, rec.VolumeID)
+	ns, name, err := refs.StageSecretRef(ctx, d.pvQuery(rec))
 	if err != nil {
 		return c, status.Errorf(codes.Unavailable,
 			"volume %q lost its mount, and its credentials came with NodeStageVolume: %v; it waits for kubelet to stage the volume (a new pod using it)", rec.VolumeID, err)

@@ -3,6 +3,8 @@ package csi
 import (
 	"context"
 	"errors"
+	"maps"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -207,7 +209,13 @@ func (d *Driver) replaceDeadViews(rec *VolumeRecord, source *MountPoint) {
 			// check must not replace a view every interval).
 			d.log.Error("could not give every running container its volume back; their new opens keep failing until they restart", append(attrs, "err", res.Err)...)
 		case res.Replaced > 0:
-			d.log.Info("running containers have their volume back (files they had open stay failed)", attrs...)
+			d.log.Info("running containers have their volume back (files they had open stay failed)", append(attrs, "nested_mounts_kept", res.Nested)...)
+		}
+		if res.NestedErr != nil {
+			// The view itself is back; what was mounted inside it (a
+			// configMap, a secret, another volume) is not, at the paths
+			// named, until the container restarts.
+			d.log.Error("mounts inside a running container's volume could not be put back; the container sees the volume's own directories there", append(attrs, "nested_mounts_kept", res.Nested, "nested_mounts_lost", res.NestedLost, "err", res.NestedErr)...)
 		}
 		if d.metrics != nil {
 			d.metrics.countViewRepairs(res)
@@ -271,7 +279,7 @@ func (d *Driver) logRepairFailure(rec VolumeRecord, msg, path string, st PathSta
 	d.markUnhealthy(rec.VolumeID, msgOf(err))
 	if d.reportRepairFailure(rec.VolumeID, msgOf(err)) {
 		d.log.Error(msg, attrs...)
-		d.warnVolume(rec.VolumeID, "VolumeMountLost", msg+": "+msgOf(err))
+		d.warnVolume(rec, "VolumeMountLost", msg+": "+msgOf(err))
 		return
 	}
 	d.log.Debug(msg, attrs...)
@@ -280,18 +288,44 @@ func (d *Driver) logRepairFailure(rec VolumeRecord, msg, path string, st PathSta
 // warnVolume records a Warning event on the volume's PersistentVolume, in
 // the background (the API server must not slow the health check down),
 // when the driver may use the API.
-func (d *Driver) warnVolume(volumeID, reason, message string) {
+func (d *Driver) warnVolume(rec VolumeRecord, reason, message string) {
 	ev, ok := d.secrets.(VolumeEvents)
 	if !ok {
 		return
 	}
+	q := d.pvQuery(rec)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := ev.WarnVolume(ctx, d.cfg.DriverName, volumeID, d.cfg.NodeID, reason, message); err != nil {
-			d.log.Warn("could not record an event on the volume's PersistentVolume", "volume", volumeID, "err", err)
+		if err := ev.WarnVolume(ctx, q, d.cfg.NodeID, reason, message); err != nil {
+			d.log.Warn("could not record an event on the volume's PersistentVolume", "volume", rec.VolumeID, "err", err)
 		}
 	}()
+}
+
+// pvQuery says which PersistentVolume is the volume's, with the names it
+// may have from the paths kubelet gave it: a pod's target is
+// pods/UID/volumes/kubernetes.io~csi/PVNAME/mount, and an old kubelet's
+// staging path plugins/kubernetes.io/csi/pv/PVNAME/globalmount (a newer
+// one's has a hash of the handle instead). Wrong guesses cost one GET
+// each; the PersistentVolume found must have the volume's handle.
+func (d *Driver) pvQuery(rec VolumeRecord) PVQuery {
+	q := PVQuery{Driver: d.cfg.DriverName, VolumeHandle: rec.VolumeID}
+	add := func(name string) {
+		if name != "" && name != "." && name != "/" && !slices.Contains(q.Names, name) {
+			q.Names = append(q.Names, name)
+		}
+	}
+	targets := slices.Sorted(maps.Keys(rec.Targets))
+	for _, t := range targets {
+		if filepath.Base(t) == "mount" && filepath.Base(filepath.Dir(filepath.Dir(t))) == "kubernetes.io~csi" {
+			add(filepath.Base(filepath.Dir(t)))
+		}
+	}
+	if s := rec.StagingPath; filepath.Base(s) == "globalmount" && filepath.Base(filepath.Dir(filepath.Dir(s))) == "pv" {
+		add(filepath.Base(filepath.Dir(s)))
+	}
+	return q
 }
 
 // msgOf is an error's message, its gRPC status's if it has one.
@@ -329,6 +363,7 @@ func (d *Driver) reportRepairFailure(volumeID, reason string) bool {
 }
 
 func (d *Driver) markHealthy(volumeID string) {
+	d.lookups.reset(volumeID)
 	d.unhealthyMu.Lock()
 	defer d.unhealthyMu.Unlock()
 	delete(d.unhealthy, volumeID)

@@ -249,7 +249,7 @@ func TestVolumeEventRedacted(t *testing.T) {
 	const sigCanary, keyCanary = "CANARYeventSig0a1b2c3d4e", "CANARYeventKey0a1b2c3d4e"
 	msg := `mount lost and not mounted again: azure: Get "https://acct.blob.core.windows.net/data?restype=container&sv=2022-11-02&sig=` + sigCanary +
 		`": EOF; volume_context {"azurestorageaccountkey":"` + keyCanary + `"}`
-	if err := k.WarnVolume(t.Context(), "blob.csi.blobfs.io", "acct#data", "node-1", "VolumeMountLost", msg); err != nil {
+	if err := k.WarnVolume(t.Context(), PVQuery{Driver: "blob.csi.blobfs.io", VolumeHandle: "acct#data"}, "node-1", "VolumeMountLost", msg); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -142,33 +143,74 @@ func (k *kubeSecrets) authorize(req *http.Request) error {
 // driver restarts: when the mount died too (the driver and its keeper
 // both killed), this is how the driver gets them back by itself.
 type StageSecretRefs interface {
-	StageSecretRef(ctx context.Context, driver, volumeHandle string) (namespace, name string, err error)
+	StageSecretRef(ctx context.Context, pv PVQuery) (namespace, name string, err error)
+}
+
+// PVQuery says which PersistentVolume is a volume's: the one of Driver
+// with VolumeHandle. Names are the names it may have, read from the
+// paths kubelet gave the volume; they are tried first, each with one GET.
+type PVQuery struct {
+	Driver, VolumeHandle string
+	Names                []string
 }
 
 // ErrNoStageSecretRef: no PersistentVolume of the driver has the volume
 // handle, or the one that has it names no nodeStageSecretRef.
 var ErrNoStageSecretRef = errors.New("no PersistentVolume of this driver names a nodeStageSecretRef for the volume")
 
-// pvOf lists the PersistentVolumes (the handle is not a field the API
-// server can select on; this runs only when a mount is repaired) and
-// returns the one of the driver with the handle.
-func (k *kubeSecrets) pvOf(ctx context.Context, driver, volumeHandle string) (*pvSummary, error) {
-	body, err := k.get(ctx, "/api/v1/persistentvolumes", "persistentvolumes")
-	if err != nil {
-		return nil, err
+// pvListPage is how many PersistentVolumes one list request asks for.
+const pvListPage = 500
+
+// pvOf returns the driver's PersistentVolume with the handle, or nil. It
+// GETs the PersistentVolume by each name the query gives, and lists them
+// only when none is it: the handle is not a field the API server can
+// select on. The list goes page by page (limit, continue), and stops at
+// the page that has it. The callers run only while a volume is being
+// repaired, and not at every health check (apiBackoff).
+func (k *kubeSecrets) pvOf(ctx context.Context, q PVQuery) (*pvSummary, error) {
+	matches := func(pv *pvSummary) bool {
+		c := pv.Spec.CSI
+		return c != nil && c.Driver == q.Driver && c.VolumeHandle == q.VolumeHandle
 	}
-	var list struct {
-		Items []pvSummary `json:"items"`
-	}
-	if err := json.Unmarshal(body, &list); err != nil {
-		return nil, fmt.Errorf("persistentvolumes: %w", err)
-	}
-	for i, pv := range list.Items {
-		if c := pv.Spec.CSI; c != nil && c.Driver == driver && c.VolumeHandle == volumeHandle {
-			return &list.Items[i], nil
+	for _, name := range q.Names {
+		body, err := k.get(ctx, "/api/v1/persistentvolumes/"+url.PathEscape(name), "persistentvolume "+name)
+		if err != nil {
+			continue // gone, or not its name: the list finds it
+		}
+		var pv pvSummary
+		if json.Unmarshal(body, &pv) == nil && matches(&pv) {
+			return &pv, nil
 		}
 	}
-	return nil, nil
+	cont := ""
+	for {
+		v := url.Values{"limit": {strconv.Itoa(pvListPage)}}
+		if cont != "" {
+			v.Set("continue", cont)
+		}
+		body, err := k.get(ctx, "/api/v1/persistentvolumes?"+v.Encode(), "persistentvolumes")
+		if err != nil {
+			return nil, err
+		}
+		var list struct {
+			Metadata struct {
+				Continue string `json:"continue"`
+			} `json:"metadata"`
+			Items []pvSummary `json:"items"`
+		}
+		if err := json.Unmarshal(body, &list); err != nil {
+			return nil, fmt.Errorf("persistentvolumes: %w", err)
+		}
+		for i := range list.Items {
+			if matches(&list.Items[i]) {
+				return &list.Items[i], nil
+			}
+		}
+		if list.Metadata.Continue == "" {
+			return nil, nil
+		}
+		cont = list.Metadata.Continue
+	}
 }
 
 // pvSummary is the part of a PersistentVolume the driver reads.
@@ -191,8 +233,8 @@ type pvSummary struct {
 
 // StageSecretRef returns the nodeStageSecretRef of the driver's
 // PersistentVolume with the handle.
-func (k *kubeSecrets) StageSecretRef(ctx context.Context, driver, volumeHandle string) (string, string, error) {
-	pv, err := k.pvOf(ctx, driver, volumeHandle)
+func (k *kubeSecrets) StageSecretRef(ctx context.Context, q PVQuery) (string, string, error) {
+	pv, err := k.pvOf(ctx, q)
 	if err != nil {
 		return "", "", err
 	}
@@ -208,7 +250,7 @@ func (k *kubeSecrets) StageSecretRef(ctx context.Context, driver, volumeHandle s
 // volume, where `kubectl describe pv` shows it: for a mount the driver
 // lost and cannot mount again by itself.
 type VolumeEvents interface {
-	WarnVolume(ctx context.Context, driver, volumeHandle, node, reason, message string) error
+	WarnVolume(ctx context.Context, pv PVQuery, node, reason, message string) error
 }
 
 // WarnVolume posts the event in the default namespace (that of events
@@ -216,8 +258,9 @@ type VolumeEvents interface {
 // inline volume) gets none. Anyone who may describe the PersistentVolume
 // reads the event: its reason and message pass through blobstore.Redact
 // here, whatever the caller built them from.
-func (k *kubeSecrets) WarnVolume(ctx context.Context, driver, volumeHandle, node, reason, message string) error {
-	pv, err := k.pvOf(ctx, driver, volumeHandle)
+func (k *kubeSecrets) WarnVolume(ctx context.Context, q PVQuery, node, reason, message string) error {
+	driver := q.Driver
+	pv, err := k.pvOf(ctx, q)
 	if err != nil || pv == nil {
 		return err
 	}
