@@ -477,3 +477,75 @@ func TestSuidKillBeforeWriteIsNoConflict(t *testing.T) {
 		}
 	})
 }
+
+// TestOtherMetadataChangeIsNoConflict: a change of the blob's metadata
+// alone by another client (a chmod through a second mount, Set Blob
+// Metadata through the store API) between a writer's open and its close
+// is not another writer: the write commits, and the other client's
+// attributes stay. A change of content still conflicts
+// (TestConflictNoSilentLostUpdate).
+func TestOtherMetadataChangeIsNoConflict(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
+		mntA, _ := mountStore(t, s, conflictMountOptions)
+		optsB := conflictMountOptions
+		optsB.CacheDir = t.TempDir()
+		mntB, _ := mountStore(t, s, optsB)
+		others := []struct {
+			name   string
+			change func(t *testing.T, name string)
+		}{
+			{"chmod through a second mount", func(t *testing.T, name string) {
+				if err := os.Chmod(join(mntA, name), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}},
+			{"metadata through the store API", func(t *testing.T, name string) {
+				ctx := context.Background()
+				a, err := s.Stat(ctx, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				md := copyMeta(a.Metadata)
+				setMetaKey(md, blobstore.MetaMode, "100600")
+				if _, err := s.SetMetadata(ctx, name, md, blobstore.Conditions{IfMatch: a.ETag}); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		}
+		whens := []struct {
+			name  string
+			write func(t *testing.T, f *os.File, change func())
+		}{
+			{"before the first write", func(t *testing.T, f *os.File, change func()) {
+				change()
+				mustWriteHandle(t, f, []byte("NEW"))
+			}},
+			{"after the first write", func(t *testing.T, f *os.File, change func()) {
+				mustWriteHandle(t, f, []byte("NEW"))
+				change()
+			}},
+		}
+		i := 0
+		for _, other := range others {
+			for _, when := range whens {
+				for _, m := range conflictModes[:2] { // O_RDWR, O_WRONLY
+					i++
+					name := fmt.Sprintf("m%02d", i)
+					t.Run(other.name+"/"+when.name+"/"+m.name, func(t *testing.T) {
+						putBlob(t, s, name, []byte("old content\n"), nil)
+						f := mustOpen(t, join(mntB, name), m.flag)
+						when.write(t, f, func() { other.change(t, name) })
+						mustClose(t, f.Close())
+						wantBlob(t, s, name, []byte("NEW content\n"))
+						if st := lstat(t, join(mntA, name)); st.Mode&0o777 != 0o600 {
+							t.Errorf("mode %o after the commit, want the other client's 600", st.Mode&0o777)
+						}
+						if kept, _ := filepath.Glob(filepath.Join(optsB.CacheDir, "lost+found", "*")); len(kept) > 0 {
+							t.Errorf("lost+found holds %v, want nothing", kept)
+						}
+					})
+				}
+			}
+		}
+	})
+}

@@ -290,8 +290,8 @@ func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.S
 	of := fs.acquireFile(n)
 	if write {
 		of.streamName.Store(&path)
-		_, etag, _, inStore, _ := fs.fileState(n)
-		of.openedForWrite(etag, inStore)
+		_, etag, size, inStore, _ := fs.fileState(n)
+		of.openedForWrite(etag, inStore, fs.storedSum(n, etag), size)
 	}
 	if write && in.Flags&syscall.O_TRUNC != 0 {
 		if err := of.truncate(ctx, 0); err != nil {
@@ -429,7 +429,7 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 	// What the writer saw, before the spill file exists, so that its
 	// journal record says so: a successor's commit must be conditional
 	// too. No blob, unless this mount has the file open already.
-	of.openedForWrite(etag, inStore)
+	of.openedForWrite(etag, inStore, contentSum{}, 0)
 	if err := of.truncate(ctx, 0); err != nil {
 		fs.releaseFile(of)
 		fs.dropIntent(intent)

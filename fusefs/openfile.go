@@ -90,6 +90,17 @@ type openFile struct {
 	// since the last write handle was released, and the spill file made
 	// next takes them instead of the node's current view.
 	opened bool
+	// openSum and openSize are the content the writers saw at open (the
+	// blob's Content-MD5, when it has one), loadedSum and loadedSize the
+	// content the spill file was loaded from: a condition that fails
+	// because only the blob's metadata changed (a chmod through another
+	// mount, or the store API) is not another writer (sameContent).
+	openSum, loadedSum   contentSum
+	openSize, loadedSize int64
+	// attrsChanged: this mount changed the file's attributes since its
+	// last commit; a commit over another client's metadata change keeps
+	// this mount's attributes then, and the other's otherwise.
+	attrsChanged bool
 	// writers counts the open write handles; guarded by FS.mu.
 	writers int
 	// recorded is the spill file's record as last written.
@@ -161,6 +172,7 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 			a, err := of.fs.store.Stat(ctx, path)
 			if err == nil {
 				size, etag = a.Size, a.ETag
+				of.loadedSum, of.loadedSize = sumOf(a.ContentMD5), a.Size
 				of.baseMeta = a.Metadata
 				of.fs.recordLoading(f, path)
 				err = of.fs.download(ctx, path, etag, size, sumOf(a.ContentMD5), f)
@@ -171,7 +183,13 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 			}
 			of.fs.crashPoint("load", "downloaded", path)
 			of.baseETag = etag
-			if of.opened && (of.openETag != "" || of.exclusive) && etag != of.openETag {
+			if of.opened && !of.exclusive && of.openETag != "" && etag != of.openETag &&
+				of.openSum.known() && of.openSum == of.loadedSum && of.openSize == of.loadedSize {
+				// Only the metadata changed since the open (a chmod
+				// through another mount): the content the writers saw
+				// is what was loaded, under its new ETag.
+				of.fs.log.Debug("metadata changed in the store since it was opened; the content is the one seen at open", "path", path)
+			} else if of.opened && (of.openETag != "" || of.exclusive) && etag != of.openETag {
 				// Replaced (or created) since the writer opened it:
 				// reads see what is there now, but the commit keeps
 				// the condition of the open, and fails, rather than
@@ -179,6 +197,9 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 				// that knew no ETag leaves the loaded one.)
 				of.fs.log.Debug("changed in the store since it was opened; its commit will fail", "path", path, "open", of.openETag, "now", etag)
 				of.baseETag = of.openETag
+				// The condition stands for the content seen at open,
+				// not the one loaded.
+				of.loadedSum, of.loadedSize = of.openSum, of.openSize
 			}
 			of.setSizeLocked(size)
 		}
@@ -201,13 +222,14 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 // conditional on it. A file with a spill file already keeps its own
 // condition: the content there is this mount's, loaded or committed by it,
 // and a handle opened now writes on top of it.
-func (of *openFile) openedForWrite(etag string, inStore bool) {
+func (of *openFile) openedForWrite(etag string, inStore bool, sum contentSum, size int64) {
 	of.mu.Lock()
 	defer of.mu.Unlock()
 	if of.spill != nil {
 		return
 	}
 	of.seenLocked(etag, inStore)
+	of.openSum, of.openSize = sum, size
 	of.opened = true
 }
 
@@ -340,6 +362,7 @@ func (of *openFile) setAttrs(ctx context.Context, path string, mtime *time.Time)
 	defer of.commitMu.Unlock()
 	of.mu.Lock()
 	defer of.mu.Unlock()
+	of.attrsChanged = true
 	if of.dirty() && of.spill != nil && !of.unlinked {
 		if mtime != nil {
 			of.mtime = mtime
@@ -446,6 +469,7 @@ func (of *openFile) commit(ctx context.Context) error {
 	nonce := of.commitNonce
 	opts.Metadata[blobstore.MetaCommit] = nonce
 	opts.Conditions = of.conditionsLocked()
+	seen, attrsChanged := of.seenContentLocked()
 	// A stream that staged blocks is used up by this commit, whatever
 	// happens: later changes go up whole. One that staged none yet stays
 	// for the writes that follow: a FLUSH before the first full block is
@@ -511,6 +535,24 @@ func (of *openFile) commit(ctx context.Context) error {
 			attrs, err = of.upload(ctx, path, f, size, opts)
 		}
 	}
+	if errors.Is(err, blobstore.ErrPreconditionFailed) && ctx.Err() == nil {
+		if current, ok := of.fs.sameContent(ctx, path, seen); ok {
+			// Only the metadata changed since this file's writers saw
+			// the blob (another mount's chmod, chown or utime, or the
+			// store API's): not another writer. Their attributes stay
+			// unless this mount changed the file's own meanwhile.
+			of.fs.log.Info("the blob's metadata changed in the store since it was opened, its content did not; committing over it", "path", path)
+			opts.Conditions = blobstore.Conditions{IfMatch: current.ETag}
+			if !attrsChanged {
+				opts.Metadata = theirAttrs(current.Metadata, opts.Metadata)
+			}
+			if attrs, err = of.upload(ctx, path, f, size, opts); err == nil && !attrsChanged {
+				of.fs.mu.Lock()
+				of.n.attrs = parsePOSIX(opts.Metadata)
+				of.fs.mu.Unlock()
+			}
+		}
+	}
 	if err == nil {
 		of.fs.crashPoint("commit", "store", path)
 	}
@@ -528,6 +570,11 @@ func (of *openFile) commit(ctx context.Context) error {
 	}
 	of.baseETag = attrs.ETag
 	of.baseMeta = opts.Metadata
+	of.loadedSum, of.loadedSize = sumOf(opts.ContentMD5), size
+	if len(attrs.ContentMD5) > 0 {
+		of.loadedSum = sumOf(attrs.ContentMD5)
+	}
+	of.attrsChanged = false
 	of.exclusive = false
 	of.commitErr = nil
 	of.commitNonce = ""
@@ -535,6 +582,59 @@ func (of *openFile) commit(ctx context.Context) error {
 	of.mu.Unlock()
 	of.fs.committed(of.n, path, attrs, size)
 	return nil
+}
+
+// seenContent is what a commit's condition stands for: the content of
+// the blob as the spill file loaded it, or as the writers saw it at open.
+type seenContent struct {
+	sum  contentSum // unknown: never compared
+	size int64
+}
+
+// seenContentLocked returns the content the next commit's condition
+// stands for, and whether this mount changed the file's attributes since
+// its last commit.
+func (of *openFile) seenContentLocked() (seenContent, bool) {
+	switch c := of.conditionsLocked(); {
+	case c.IfMatch == "":
+		return seenContent{}, of.attrsChanged
+	case c.IfMatch == of.baseETag:
+		return seenContent{of.loadedSum, of.loadedSize}, of.attrsChanged
+	case c.IfMatch == of.openETag:
+		return seenContent{of.openSum, of.openSize}, of.attrsChanged
+	}
+	return seenContent{}, of.attrsChanged
+}
+
+// sameContent tells whether the blob at path holds the content seen,
+// under whatever ETag and metadata: a change of metadata alone. Only a
+// Content-MD5 tells; a blob without one is never the same.
+func (fs *FS) sameContent(ctx context.Context, path string, seen seenContent) (blobstore.Attrs, bool) {
+	if !seen.sum.known() {
+		return blobstore.Attrs{}, false
+	}
+	a, err := fs.store.Stat(ctx, path)
+	if err != nil || a.Size != seen.size || sumOf(a.ContentMD5) != seen.sum {
+		return blobstore.Attrs{}, false
+	}
+	return a, true
+}
+
+// theirAttrs returns a commit's metadata with the POSIX attributes (and
+// other keys) of the blob's current metadata, keeping the commit's own
+// keys (its nonce).
+func theirAttrs(current, ours map[string]string) map[string]string {
+	md := copyMeta(current)
+	deleteMetaKey(md, blobstore.MetaMtime) // the content is new: its time is now
+	deleteMetaKey(md, blobstore.MetaRcloneMtime)
+	deleteMetaKey(md, blobstore.MetaCtime)
+	if v, ok := metaValue(ours, blobstore.MetaCommit); ok {
+		setMetaKey(md, blobstore.MetaCommit, v)
+	}
+	if v, ok := metaValue(ours, blobstore.MetaMtime); ok {
+		setMetaKey(md, blobstore.MetaMtime, v)
+	}
+	return md
 }
 
 // upload writes the whole spill file as the blob.
