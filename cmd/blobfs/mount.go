@@ -277,9 +277,10 @@ func defaultLocalDir() string {
 }
 
 // openStore builds the store and checks it before anything is mounted. At
-// debug level every store request is logged to logger.
-// openStore opens and checks the store. vol, if not nil, counts its
-// requests (each try).
+// debug level every store request is logged to logger; at any level, a
+// request still running after 30 s is logged at WARN (blobstore.NewWatched).
+// vol, if not nil, counts its requests (each try) and reports the oldest in
+// flight.
 func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger, vol *fsmetrics.Volume) (blobstore.Store, string, error) {
 	var (
 		raw  blobstore.Store
@@ -331,7 +332,11 @@ func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger, vol *f
 	if vol != nil {
 		logged = vol.InstrumentStore(logged)
 	}
-	store := blobstore.NewRetrying(logged, c.retry)
+	watched := blobstore.NewWatched(logged, blobstore.WatchOptions{Log: logger})
+	if vol != nil {
+		vol.WatchStore(watched)
+	}
+	store := blobstore.NewRetrying(watched, c.retry)
 	cctx, cancel := context.WithTimeout(ctx, c.checkTime)
 	defer cancel()
 	if err := store.Check(cctx); err != nil {
