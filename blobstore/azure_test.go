@@ -322,6 +322,36 @@ func TestAzureTransportErrors(t *testing.T) {
 		if n := hits.Load(); n != 1 {
 			t.Errorf("server saw %d requests; the SDK must not retry on its own", n)
 		}
+		if want := "no complete answer within 100ms (the per-request timeout)"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Stat of a hanging server: %v; want it to say %q", err, want)
+		}
+	})
+	t.Run("per-try timeout in the body", func(t *testing.T) {
+		// The answer starts, then its body stalls (a proxy that hangs
+		// mid-body): the timeout covers the body too, and says so.
+		release := make(chan struct{})
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "10")
+			w.WriteHeader(http.StatusPartialContent)
+			w.Write([]byte("abc"))
+			w.(http.Flusher).Flush()
+			<-release
+		}))
+		defer srv.Close()
+		defer close(release)
+		az, err := blobstore.NewAzure(blobstore.AzureConfig{
+			Endpoint: srv.URL + "/acct", Container: "data", Key: otherKey, TryTimeout: 100 * time.Millisecond,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = az.ReadAt(t.Context(), "x", make([]byte, 10), 0, "")
+		if !errors.Is(err, blobstore.ErrTransient) {
+			t.Errorf("ReadAt of a stalled body: %v, want ErrTransient", err)
+		}
+		if want := "no complete answer within 100ms (the per-request timeout)"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ReadAt of a stalled body: %v; want it to say %q", err, want)
+		}
 	})
 	t.Run("no SDK retries on 503", func(t *testing.T) {
 		var hits atomic.Int32

@@ -283,8 +283,10 @@ func (fs *FS) Init(*fuse.Server) {}
 // programs) makes at once then found it done: mkdir failed with EEXIST,
 // unlink and rename with ENOENT (39 of 500 os.Mkdir calls of a Go program
 // on Azurite). A lookup or read slower than the signals' interval failed
-// over and over. SIGKILL still ends the caller at once; the store's retry
-// budget bounds how long a request can take.
+// over and over. SIGKILL still ends the caller at once; the store's
+// per-try timeout and retries bound how long a request can take (about 10
+// minutes for a store that never answers; docs/reference.md, "Timeouts
+// and retries").
 func (fs *FS) reqContext() (context.Context, context.CancelFunc) {
 	return context.WithCancel(fs.ctx)
 }
