@@ -508,6 +508,8 @@ func (a *Azure) Check(ctx context.Context) error {
 		return fmt.Errorf("azure: %s: the container does not exist in this account: %w", where, err)
 	case errors.Is(err, ErrUnauthorized) && a.target.mode == AzureAuthAnonymous:
 		return fmt.Errorf("azure: %s: anonymous access denied: the container is not public: %w", where, err)
+	case errors.Is(err, ErrUnauthorized) && isResp && !ae.sasExpired.IsZero():
+		return fmt.Errorf("azure: %s: authentication failed: renew the SAS token: %w", where, err)
 	case errors.Is(err, ErrUnauthorized) && badSignature:
 		return fmt.Errorf("azure: %s: authentication failed: %s: %w", where, a.credentialHint(), err)
 	case errors.Is(err, ErrUnauthorized):
@@ -592,6 +594,9 @@ type azureError struct {
 	// tryTimeout is set when the try ran out of its per-try timeout
 	// (AzureConfig.TryTimeout) without a complete answer.
 	tryTimeout time.Duration
+	// sasExpired is set when the service refused the credentials and
+	// they are a SAS token that expired then.
+	sasExpired time.Time
 	err        error
 }
 
@@ -609,6 +614,9 @@ func (e *azureError) message() string {
 	if e.kind != nil {
 		b.WriteString(e.kind.Error())
 		b.WriteString(": ")
+	}
+	if !e.sasExpired.IsZero() {
+		fmt.Fprintf(&b, "the SAS token expired at %s: ", e.sasExpired.Format(time.RFC3339))
 	}
 	if e.status != 0 {
 		fmt.Fprintf(&b, "HTTP %d", e.status)
@@ -635,7 +643,10 @@ func (e *azureError) Unwrap() []error {
 }
 
 // mapError maps an SDK error (mapAzureError) and adds what only the store
-// knows: a try that ran out of time ran out of a's per-try timeout.
+// knows: a try that ran out of time ran out of a's per-try timeout, and
+// credentials refused while a's SAS token is past its expiry were refused
+// because of it (Azure answers 403 AuthenticationFailed, Azurite 403
+// AuthorizationFailure, neither saying why).
 func (a *Azure) mapError(ctx context.Context, op Op, name string, cond Conditions, err error) error {
 	err = mapAzureError(ctx, op, name, cond, err)
 	var e *azureError
@@ -646,6 +657,9 @@ func (a *Azure) mapError(ctx context.Context, op Op, name string, cond Condition
 		// The caller's context is live (mapAzureError checked): the
 		// deadline was the SDK's per-try one.
 		e.tryTimeout = a.target.tryTimeout
+	}
+	if exp := a.target.sasExpiry; e.status != 0 && errors.Is(e.kind, ErrUnauthorized) && !exp.IsZero() && time.Now().After(exp) {
+		e.sasExpired = exp
 	}
 	return err
 }

@@ -166,6 +166,7 @@ func (m *BlobfsMounter) openStore(spec MountSpec) (blobstore.Store, *fsmetrics.V
 		return nil, nil, err
 	}
 	log := m.log.With("volume", spec.VolumeID)
+	blobstore.WarnSASExpiry(log, spec.Azure, time.Now())
 	store := blobstore.NewLogged(az, log)
 	var vol *fsmetrics.Volume
 	if m.metrics != nil {

@@ -135,7 +135,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		store:          store,
 		blockMD5:       blobstore.ChecksBlockMD5(store),
 		opts:           opts,
-		log:            opts.Logger,
+		log:            slog.New(newAuthWarnLimiter(opts.Logger.Handler())),
 		spillDir:       spillDir,
 		spills:         newSpillPool(spillDir),
 		blocks:         newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes-chunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), opts.MaxReadAheadBlocks),

@@ -293,6 +293,7 @@ func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger, vol *f
 		if err := c.azure.Validate(); err != nil {
 			return nil, "", err
 		}
+		blobstore.WarnSASExpiry(logger, c.azure, time.Now())
 		if c.create {
 			cctx, cancel := context.WithTimeout(ctx, c.checkTime)
 			err := blobstore.CreateContainer(cctx, c.azure, nil)
