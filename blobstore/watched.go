@@ -21,10 +21,8 @@ import (
 // returns, so a fast call costs a map insert and a timer. mu guards calls
 // and every call's warned count.
 
-// Defaults of WatchOptions.
-const (
-	DefaultSlowThreshold = 30 * time.Second
-)
+// DefaultSlowThreshold is WatchOptions.Threshold's default.
+const DefaultSlowThreshold = 30 * time.Second
 
 // WatchOptions configure NewWatched. The zero value means the defaults.
 type WatchOptions struct {
