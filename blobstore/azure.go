@@ -5,8 +5,9 @@ package blobstore
 // Design notes:
 //   - The SDK's retries are off (one try per call, bounded by a per-try
 //     timeout); NewRetrying decides what to retry. Every SDK error goes
-//     through mapAzureError, which attaches one sentinel and keeps the SDK
-//     error for logs.
+//     through Azure.mapError (mapAzureError, then what only the store
+//     knows: its per-try timeout), which attaches one sentinel and keeps
+//     the SDK error for logs.
 //   - Metadata keys come back from GetProperties as canonicalized HTTP
 //     header names ("Hdi_isfolder"), from listings as stored. Azure treats
 //     them case-insensitively, so this backend reports every key in lower
@@ -91,7 +92,7 @@ func (a *Azure) Stat(ctx context.Context, name string) (Attrs, error) {
 	}
 	p, err := a.client.NewBlobClient(name).GetProperties(ctx, nil)
 	if err != nil {
-		return Attrs{}, mapAzureError(ctx, OpStat, name, Conditions{}, err)
+		return Attrs{}, a.mapError(ctx, OpStat, name, Conditions{}, err)
 	}
 	return propsAttrs(name, p), nil
 }
@@ -144,7 +145,7 @@ func (a *Azure) ReadAt(ctx context.Context, name string, p []byte, off int64, et
 		if errors.As(err, &re) && re.StatusCode == http.StatusRequestedRangeNotSatisfiable {
 			return 0, io.EOF
 		}
-		return 0, mapAzureError(ctx, OpReadAt, name, cond, err)
+		return 0, a.mapError(ctx, OpReadAt, name, cond, err)
 	}
 	defer resp.Body.Close()
 	want := len(p)
@@ -155,7 +156,7 @@ func (a *Azure) ReadAt(ctx context.Context, name string, p []byte, off int64, et
 	if err != nil {
 		// The body broke off (connection reset, per-try timeout): a
 		// short read here is not end of file.
-		return n, mapAzureError(ctx, OpReadAt, name, cond, err)
+		return n, a.mapError(ctx, OpReadAt, name, cond, err)
 	}
 	if n < len(p) {
 		return n, io.EOF
@@ -187,7 +188,7 @@ func (a *Azure) List(ctx context.Context, opts ListOptions) (ListPage, error) {
 		})
 		resp, err := pager.NextPage(ctx)
 		if err != nil {
-			return ListPage{}, mapAzureError(ctx, OpList, opts.Prefix, Conditions{}, err)
+			return ListPage{}, a.mapError(ctx, OpList, opts.Prefix, Conditions{}, err)
 		}
 		if s := resp.Segment; s != nil {
 			items = s.BlobItems
@@ -204,7 +205,7 @@ func (a *Azure) List(ctx context.Context, opts ListOptions) (ListPage, error) {
 		})
 		resp, err := pager.NextPage(ctx)
 		if err != nil {
-			return ListPage{}, mapAzureError(ctx, OpList, opts.Prefix, Conditions{}, err)
+			return ListPage{}, a.mapError(ctx, OpList, opts.Prefix, Conditions{}, err)
 		}
 		if resp.Segment != nil {
 			items = resp.Segment.BlobItems
@@ -239,7 +240,7 @@ func (a *Azure) Put(ctx context.Context, name string, data []byte, opts PutOptio
 		TransactionalValidation: contentMD5(data),
 	})
 	if err != nil {
-		return Attrs{}, mapAzureError(ctx, OpPut, name, opts.Conditions, err)
+		return Attrs{}, a.mapError(ctx, OpPut, name, opts.Conditions, err)
 	}
 	return Attrs{
 		Name:     name,
@@ -270,7 +271,7 @@ func (a *Azure) StageBlock(ctx context.Context, name, blockID string, data []byt
 	_, err := a.client.NewBlockBlobClient(name).StageBlock(ctx, blockID, streaming.NopCloser(bytes.NewReader(data)), &blockblob.StageBlockOptions{
 		TransactionalValidation: validation,
 	})
-	return mapAzureError(ctx, OpStageBlock, name, Conditions{}, err)
+	return a.mapError(ctx, OpStageBlock, name, Conditions{}, err)
 }
 
 // ChecksBlockMD5 implements BlockMD5Checker: every StageBlock sends its
@@ -315,7 +316,7 @@ func (a *Azure) CommitBlocks(ctx context.Context, name string, blockIDs []string
 		HTTPHeaders:      headers,
 	})
 	if err != nil {
-		return Attrs{}, mapAzureError(ctx, OpCommitBlocks, name, opts.Conditions, err)
+		return Attrs{}, a.mapError(ctx, OpCommitBlocks, name, opts.Conditions, err)
 	}
 	return a.attrsAfterCommit(ctx, name, Attrs{
 		Name:       name,
@@ -359,7 +360,7 @@ func (a *Azure) Delete(ctx context.Context, name string, cond Conditions) error 
 		DeleteSnapshots:  ptr(blob.DeleteSnapshotsOptionTypeInclude),
 		AccessConditions: accessConditions(cond),
 	})
-	return mapAzureError(ctx, OpDelete, name, cond, err)
+	return a.mapError(ctx, OpDelete, name, cond, err)
 }
 
 // Copy implements Store with Copy Blob within the container, then polls
@@ -378,7 +379,7 @@ func (a *Azure) Copy(ctx context.Context, dst, src string) (Attrs, error) {
 	dstClient := a.client.NewBlobClient(dst)
 	resp, err := dstClient.StartCopyFromURL(ctx, srcURL, nil)
 	if err != nil {
-		return Attrs{}, mapAzureError(ctx, OpCopy, src+" -> "+dst, Conditions{}, err)
+		return Attrs{}, a.mapError(ctx, OpCopy, src+" -> "+dst, Conditions{}, err)
 	}
 	copyID := deref(resp.CopyID)
 	status := deref(resp.CopyStatus)
@@ -388,7 +389,7 @@ func (a *Azure) Copy(ctx context.Context, dst, src string) (Attrs, error) {
 	for {
 		p, err := dstClient.GetProperties(ctx, nil)
 		if err != nil {
-			return Attrs{}, mapAzureError(ctx, OpCopy, src+" -> "+dst, Conditions{}, err)
+			return Attrs{}, a.mapError(ctx, OpCopy, src+" -> "+dst, Conditions{}, err)
 		}
 		if id := deref(p.CopyID); id != "" && copyID != "" && id != copyID {
 			// Another writer replaced dst (or started its own copy):
@@ -451,7 +452,7 @@ func (a *Azure) SetMetadata(ctx context.Context, name string, md map[string]stri
 			var err error
 			before, err = c.GetProperties(ctx, &blob.GetPropertiesOptions{AccessConditions: accessConditions(cond)})
 			if err != nil {
-				return Attrs{}, mapAzureError(ctx, OpSetMetadata, name, cond, err)
+				return Attrs{}, a.mapError(ctx, OpSetMetadata, name, cond, err)
 			}
 			useCond.IfMatch = string(deref(before.ETag))
 		}
@@ -463,7 +464,7 @@ func (a *Azure) SetMetadata(ctx context.Context, name string, md map[string]stri
 			at.Metadata = lowerKeys(md)
 			return at, nil
 		}
-		err = mapAzureError(ctx, OpSetMetadata, name, cond, err)
+		err = a.mapError(ctx, OpSetMetadata, name, cond, err)
 		// Our own If-Match failed: the blob changed between the two
 		// requests. Only the caller's condition may fail the call.
 		if cond.IfMatch != "" || !errors.Is(err, ErrPreconditionFailed) || i+1 == attempts {
@@ -507,6 +508,8 @@ func (a *Azure) Check(ctx context.Context) error {
 		return fmt.Errorf("azure: %s: the container does not exist in this account: %w", where, err)
 	case errors.Is(err, ErrUnauthorized) && a.target.mode == AzureAuthAnonymous:
 		return fmt.Errorf("azure: %s: anonymous access denied: the container is not public: %w", where, err)
+	case errors.Is(err, ErrUnauthorized) && isResp && !ae.sasExpired.IsZero():
+		return fmt.Errorf("azure: %s: authentication failed: renew the SAS token: %w", where, err)
 	case errors.Is(err, ErrUnauthorized) && badSignature:
 		return fmt.Errorf("azure: %s: authentication failed: %s: %w", where, a.credentialHint(), err)
 	case errors.Is(err, ErrUnauthorized):
@@ -553,7 +556,7 @@ func CreateContainer(ctx context.Context, cfg AzureConfig, metadata map[string]s
 	}
 	defer a.hc.CloseIdleConnections() // a one-shot client: no pool to keep
 	_, err = a.client.Create(ctx, &container.CreateOptions{Metadata: toAzureMetadata(metadata)})
-	if err = mapAzureError(ctx, "CreateContainer", cfg.Container, Conditions{}, err); errors.Is(err, ErrAlreadyExists) {
+	if err = a.mapError(ctx, "CreateContainer", cfg.Container, Conditions{}, err); errors.Is(err, ErrAlreadyExists) {
 		return nil
 	}
 	return err
@@ -568,7 +571,7 @@ func DeleteContainer(ctx context.Context, cfg AzureConfig) error {
 	}
 	defer a.hc.CloseIdleConnections()
 	_, err = a.client.Delete(ctx, nil)
-	if err = mapAzureError(ctx, "DeleteContainer", cfg.Container, Conditions{}, err); errors.Is(err, ErrNotFound) {
+	if err = a.mapError(ctx, "DeleteContainer", cfg.Container, Conditions{}, err); errors.Is(err, ErrNotFound) {
 		return nil
 	}
 	return err
@@ -588,6 +591,12 @@ type azureError struct {
 	msg    string // first line of the service's error message
 	// retryAfter is the wait the service asked for (429/503), or 0.
 	retryAfter time.Duration
+	// tryTimeout is set when the try ran out of its per-try timeout
+	// (AzureConfig.TryTimeout) without a complete answer.
+	tryTimeout time.Duration
+	// sasExpired is set when the service refused the credentials and
+	// they are a SAS token that expired then.
+	sasExpired time.Time
 	err        error
 }
 
@@ -606,6 +615,9 @@ func (e *azureError) message() string {
 		b.WriteString(e.kind.Error())
 		b.WriteString(": ")
 	}
+	if !e.sasExpired.IsZero() {
+		fmt.Fprintf(&b, "the SAS token expired at %s: ", e.sasExpired.Format(time.RFC3339))
+	}
 	if e.status != 0 {
 		fmt.Fprintf(&b, "HTTP %d", e.status)
 		if e.code != "" {
@@ -615,6 +627,9 @@ func (e *azureError) message() string {
 			fmt.Fprintf(&b, " (%s)", e.msg)
 		}
 	} else {
+		if e.tryTimeout > 0 {
+			fmt.Fprintf(&b, "no complete answer within %v (the per-request timeout): ", e.tryTimeout)
+		}
 		b.WriteString(e.err.Error())
 	}
 	return b.String()
@@ -625,6 +640,28 @@ func (e *azureError) Unwrap() []error {
 		return []error{e.err}
 	}
 	return []error{e.kind, e.err}
+}
+
+// mapError maps an SDK error (mapAzureError) and adds what only the store
+// knows: a try that ran out of time ran out of a's per-try timeout, and
+// credentials refused while a's SAS token is past its expiry were refused
+// because of it (Azure answers 403 AuthenticationFailed, Azurite 403
+// AuthorizationFailure, neither saying why).
+func (a *Azure) mapError(ctx context.Context, op Op, name string, cond Conditions, err error) error {
+	err = mapAzureError(ctx, op, name, cond, err)
+	var e *azureError
+	if !errors.As(err, &e) {
+		return err
+	}
+	if e.status == 0 && errors.Is(e.kind, ErrTransient) && errors.Is(e.err, context.DeadlineExceeded) {
+		// The caller's context is live (mapAzureError checked): the
+		// deadline was the SDK's per-try one.
+		e.tryTimeout = a.target.tryTimeout
+	}
+	if exp := a.target.sasExpiry; e.status != 0 && errors.Is(e.kind, ErrUnauthorized) && !exp.IsZero() && time.Now().After(exp) {
+		e.sasExpired = exp
+	}
+	return err
 }
 
 // mapAzureError is the one place where SDK errors become blobstore

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -167,6 +168,9 @@ type azureTarget struct {
 	clientID   string
 	container  string
 	tryTimeout time.Duration
+	// sasExpiry is the SAS token's signed expiry (se), zero when there
+	// is no SAS or it names none that parses.
+	sasExpiry time.Time
 }
 
 // containerURL is the container's URL with the SAS token, if any.
@@ -241,6 +245,9 @@ func (c AzureConfig) resolveUnredacted() (azureTarget, error) {
 	if err != nil {
 		return t, err
 	}
+	if t.sas != "" {
+		t.sasExpiry = sasExpiry(t.sas)
+	}
 	if !strings.HasSuffix(u.Path, "/") {
 		u.Path += "/"
 	}
@@ -312,6 +319,54 @@ func parseEndpoint(endpoint string) (*url.URL, error) {
 		}
 	}
 	return u, nil
+}
+
+// sasExpiry reads a SAS token's signed expiry (se): a UTC time in one of
+// the ISO 8601 forms the service accepts. Zero if it has none or it does
+// not parse.
+func sasExpiry(token string) time.Time {
+	q, err := url.ParseQuery(token)
+	if err != nil {
+		return time.Time{}
+	}
+	se := q.Get("se")
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04Z07:00", "2006-01-02"} {
+		if t, err := time.Parse(layout, se); err == nil {
+			return t.UTC()
+		}
+	}
+	return time.Time{}
+}
+
+// SASExpiry returns when the configuration's SAS token (SASToken, or the
+// SharedAccessSignature of ConnectionString) expires; ok is false when
+// there is none, or it carries no expiry that parses.
+func (c AzureConfig) SASExpiry() (expiry time.Time, ok bool) {
+	t, err := c.resolve()
+	if err != nil || t.sasExpiry.IsZero() {
+		return time.Time{}, false
+	}
+	return t.sasExpiry, true
+}
+
+// SASExpiryWarning is how long before its SAS token expires a mount warns
+// of it (WarnSASExpiry).
+const SASExpiryWarning = 24 * time.Hour
+
+// WarnSASExpiry logs a warning on log if cfg's SAS token has expired or
+// expires within SASExpiryWarning of now: once it has, every request
+// fails with ErrUnauthorized. The token itself is not logged.
+func WarnSASExpiry(log *slog.Logger, cfg AzureConfig, now time.Time) {
+	exp, ok := cfg.SASExpiry()
+	switch {
+	case !ok || exp.Sub(now) > SASExpiryWarning:
+	case !exp.After(now):
+		log.Warn("the SAS token has expired: every request will be refused (HTTP 403) until it is replaced",
+			"expired", exp.Format(time.RFC3339), "container", cfg.Container)
+	default:
+		log.Warn("the SAS token expires soon: from then on every request will be refused (HTTP 403) until it is replaced",
+			"expires", exp.Format(time.RFC3339), "in", exp.Sub(now).Round(time.Minute), "container", cfg.Container)
+	}
 }
 
 // authMode picks the authentication mode: Auth when set (checking that its

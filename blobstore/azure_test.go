@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -327,6 +329,36 @@ func TestAzureTransportErrors(t *testing.T) {
 		if n := hits.Load(); n != 1 {
 			t.Errorf("server saw %d requests; the SDK must not retry on its own", n)
 		}
+		if want := "no complete answer within 100ms (the per-request timeout)"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Stat of a hanging server: %v; want it to say %q", err, want)
+		}
+	})
+	t.Run("per-try timeout in the body", func(t *testing.T) {
+		// The answer starts, then its body stalls (a proxy that hangs
+		// mid-body): the timeout covers the body too, and says so.
+		release := make(chan struct{})
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "10")
+			w.WriteHeader(http.StatusPartialContent)
+			w.Write([]byte("abc"))
+			w.(http.Flusher).Flush()
+			<-release
+		}))
+		defer srv.Close()
+		defer close(release)
+		az, err := blobstore.NewAzure(blobstore.AzureConfig{
+			Endpoint: srv.URL + "/acct", Container: "data", Key: otherKey, TryTimeout: 100 * time.Millisecond,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = az.ReadAt(t.Context(), "x", make([]byte, 10), 0, "")
+		if !errors.Is(err, blobstore.ErrTransient) {
+			t.Errorf("ReadAt of a stalled body: %v, want ErrTransient", err)
+		}
+		if want := "no complete answer within 100ms (the per-request timeout)"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ReadAt of a stalled body: %v; want it to say %q", err, want)
+		}
 	})
 	t.Run("no SDK retries on 503", func(t *testing.T) {
 		var hits atomic.Int32
@@ -483,12 +515,21 @@ func TestAzuriteAuthModes(t *testing.T) {
 	})
 	t.Run("expired sas", func(t *testing.T) {
 		old := containerSAS(t, cfg, rw, time.Now().Add(-time.Minute))
-		s := openAzure(t, blobstore.AzureConfig{Endpoint: cfg.Endpoint, Container: cfg.Container, SASToken: old})
+		oldCfg := blobstore.AzureConfig{Endpoint: cfg.Endpoint, Container: cfg.Container, SASToken: old}
+		s := openAzure(t, oldCfg)
 		err := s.Check(t.Context())
 		if !errors.Is(err, blobstore.ErrUnauthorized) {
 			t.Fatalf("Check with an expired SAS: %v, want ErrUnauthorized", err)
 		}
-		t.Logf("expired SAS: %v", err)
+		exp, _ := oldCfg.SASExpiry()
+		for _, want := range []string{"renew the SAS token", "the SAS token expired at " + exp.Format(time.RFC3339)} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("Check with an expired SAS: %v; want it to say %q", err, want)
+			}
+		}
+		if _, err := s.Stat(t.Context(), "dir/hello.txt"); !errors.Is(err, blobstore.ErrUnauthorized) || !strings.Contains(err.Error(), "the SAS token expired at") {
+			t.Errorf("Stat with an expired SAS: %v; want ErrUnauthorized saying the SAS token expired", err)
+		}
 	})
 }
 
@@ -861,4 +902,76 @@ func ExampleNewAzure() {
 	// Production stacks wrap the store in the retry layer.
 	store := blobstore.NewRetrying(az, blobstore.RetryPolicy{})
 	_ = store
+}
+
+// TestAzureExpiredSAS: a request refused (403 AuthenticationFailed, as
+// Azure answers an expired SAS) with a SAS token past its expiry says the
+// token expired, and when; the same answer to a SAS still valid does not
+// blame its expiry. Neither shows the token.
+func TestAzureExpiredSAS(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("x-ms-error-code", "AuthenticationFailed")
+		w.WriteHeader(http.StatusForbidden)
+	}))
+	defer srv.Close()
+	for _, tc := range []struct {
+		se          string
+		wantExpired string
+	}{
+		{"2020-01-02T03:04:05Z", "the SAS token expired at 2020-01-02T03:04:05Z"},
+		{"2020-01-02", "the SAS token expired at 2020-01-02T00:00:00Z"},
+		{time.Now().Add(time.Hour).UTC().Format(time.RFC3339), ""},
+	} {
+		token := "sv=2022-11-02&sr=c&sp=rl&se=" + url.QueryEscape(tc.se) + "&sig=CANARYsasSignature0123456789"
+		az, err := blobstore.NewAzure(blobstore.AzureConfig{Endpoint: srv.URL + "/acct", Container: "data", SASToken: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = az.Stat(t.Context(), "a/b")
+		if !errors.Is(err, blobstore.ErrUnauthorized) {
+			t.Fatalf("se=%s: Stat: %v, want ErrUnauthorized", tc.se, err)
+		}
+		msg := err.Error()
+		if tc.wantExpired != "" && !strings.Contains(msg, tc.wantExpired) {
+			t.Errorf("se=%s: %q does not say %q", tc.se, msg, tc.wantExpired)
+		}
+		if tc.wantExpired == "" && strings.Contains(msg, "expired") {
+			t.Errorf("se=%s (in an hour): %q blames the expiry", tc.se, msg)
+		}
+		if strings.Contains(msg, "CANARY") {
+			t.Errorf("the error shows the SAS: %q", msg)
+		}
+	}
+}
+
+// TestWarnSASExpiry: a mount warns of a SAS token that has expired or
+// expires within a day, with its expiry and not the token; of none else.
+func TestWarnSASExpiry(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	cfgWith := func(se string) blobstore.AzureConfig {
+		return blobstore.AzureConfig{Account: "acct", Container: "data", SASToken: "?sv=2022-11-02&sp=rl&se=" + url.QueryEscape(se) + "&sig=CANARYsig"}
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  blobstore.AzureConfig
+		want string // "" : no warning
+	}{
+		{"expired", cfgWith("2026-12-07T11:00:00Z"), `msg="the SAS token has expired: every request will be refused (HTTP 403) until it is replaced" expired=2026-12-07T11:00:00Z`},
+		{"expires in 3h", cfgWith("2026-12-07T15:00:00Z"), `msg="the SAS token expires soon: from then on every request will be refused (HTTP 403) until it is replaced" expires=2026-12-07T15:00:00Z in=3h0m0s`},
+		{"expires in a week", cfgWith("2026-12-14T12:00:00Z"), ""},
+		{"connection string SAS", blobstore.AzureConfig{Container: "data", ConnectionString: "BlobEndpoint=https://acct.blob.core.windows.net/;SharedAccessSignature=sv=2022-11-02&se=2026-12-07T13%3A00%3A00Z&sig=CANARYsig"}, "expires=2026-12-07T13:00:00Z in=1h0m0s"},
+		{"account key", blobstore.AzureConfig{Account: "acct", Container: "data", Key: otherKey}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			blobstore.WarnSASExpiry(slog.New(slog.NewTextHandler(&out, nil)), tc.cfg, now)
+			got := out.String()
+			if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
+				t.Errorf("logged %q, want %q", got, tc.want)
+			}
+			if strings.Contains(got, "CANARY") {
+				t.Errorf("the warning shows the SAS: %q", got)
+			}
+		})
+	}
 }

@@ -85,6 +85,11 @@ type retrying struct {
 
 	mu     sync.Mutex
 	tokens float64
+	// spentAt is when the budget last ran out, zero while it holds a
+	// token; failedFast counts the calls that found it empty since.
+	// Both guarded by mu, for the error that says so.
+	spentAt    time.Time
+	failedFast int
 
 	// Replaced by tests: sleep waits or fails with ctx's error; jitter
 	// returns a random duration in [0, n).
@@ -109,21 +114,30 @@ func NewRetrying(inner Store, policy RetryPolicy) Store {
 // Unwrap returns the store r retries on.
 func (r *retrying) Unwrap() Store { return r.inner }
 
-// spend takes one retry token if there is one.
-func (r *retrying) spend() bool {
+// spend takes one retry token if there is one. When there is none, it
+// says why in a sentence for the caller's error.
+func (r *retrying) spend() (ok bool, why string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.tokens < 1 {
-		return false
+	if r.tokens >= 1 {
+		if r.tokens--; r.tokens < 1 {
+			r.spentAt = time.Now()
+		}
+		return true, ""
 	}
-	r.tokens--
-	return true
+	r.failedFast++
+	return false, fmt.Sprintf("not retried: retry budget exhausted %v ago, the store failing more retries than its answers pay for "+
+		"(%g at most, one back per %g answers); until requests succeed again each is tried once: %d failed so",
+		time.Since(r.spentAt).Round(time.Second), r.policy.Budget, 1/r.policy.RefillPerSuccess, r.failedFast)
 }
 
 func (r *retrying) refill() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.tokens = min(r.policy.Budget, r.tokens+r.policy.RefillPerSuccess)
+	if r.tokens >= 1 {
+		r.spentAt, r.failedFast = time.Time{}, 0
+	}
 }
 
 // backoff returns the wait before retry number n (1 for the first retry).
@@ -157,8 +171,8 @@ func (r *retrying) do(ctx context.Context, call func() error) error {
 			}
 			return fmt.Errorf("%w (gave up after %d attempts)", err, attempt)
 		}
-		if !r.spend() {
-			return fmt.Errorf("%w (not retried: retry budget exhausted)", err)
+		if ok, why := r.spend(); !ok {
+			return fmt.Errorf("%w (%s)", err, why)
 		}
 		if serr := r.sleep(ctx, r.backoff(attempt, err)); serr != nil {
 			return fmt.Errorf("%w (while waiting to retry after: %v)", serr, err)

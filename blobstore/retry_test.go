@@ -272,3 +272,40 @@ func TestRetryingConcurrent(t *testing.T) {
 		t.Errorf("%d calls, want 160 first tries + 20 retries", n)
 	}
 }
+
+// TestRetryingBudgetMessage: a call that finds the budget spent says what
+// happened and what follows: since when, the bound, that each request now
+// gets one try until requests succeed, and how many failed so.
+func TestRetryingBudgetMessage(t *testing.T) {
+	r, inner, _ := newTestRetrying(RetryPolicy{MaxAttempts: 10, Budget: 3, RefillPerSuccess: 0.5})
+	ctx := t.Context()
+	var err error
+	for range 2 {
+		inner.fail(repeat(ErrTransient, 10)...)
+		_, err = r.Stat(ctx, "f")
+		inner.mu.Lock()
+		inner.script = nil
+		inner.mu.Unlock()
+	}
+	for _, want := range []string{
+		ErrTransient.Error(),
+		"not retried: retry budget exhausted 0s ago",
+		"(3 at most, one back per 2 answers)",
+		"until requests succeed again each is tried once: 2 failed so",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	// Two successes refill a token: the next failure is retried again.
+	for range 2 {
+		if _, err := r.Stat(ctx, "f"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inner.takeCalls()
+	inner.fail(ErrTransient)
+	if _, err := r.Stat(ctx, "f"); err != nil || inner.takeCalls() != 2 {
+		t.Fatalf("after the budget refilled: %v", err)
+	}
+}

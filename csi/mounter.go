@@ -165,13 +165,19 @@ func (m *BlobfsMounter) openStore(spec MountSpec) (blobstore.Store, *fsmetrics.V
 	if err != nil {
 		return nil, nil, err
 	}
-	store := blobstore.NewLogged(az, m.log.With("volume", spec.VolumeID))
+	log := m.log.With("volume", spec.VolumeID)
+	blobstore.WarnSASExpiry(log, spec.Azure, time.Now())
+	store := blobstore.NewLogged(az, log)
 	var vol *fsmetrics.Volume
 	if m.metrics != nil {
 		vol = m.metrics.NewVolume(spec.VolumeID)
 		store = vol.InstrumentStore(store)
 	}
-	return blobstore.NewRetrying(store, spec.Retry), vol, nil
+	watched := blobstore.NewWatched(store, blobstore.WatchOptions{Log: log})
+	if vol != nil {
+		vol.WatchStore(watched)
+	}
+	return blobstore.NewRetrying(watched, spec.Retry), vol, nil
 }
 
 // serveAt mounts spec on the directory mp and serves it. The directory is

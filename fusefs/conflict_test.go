@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -89,6 +90,58 @@ func TestConflictNoSilentLostUpdate(t *testing.T) {
 					}
 					waitLogLine(t, logged, "WARN", name)
 				})
+			}
+		}
+	})
+}
+
+// TestConflictBlobDeleted: a file being written whose blob is deleted
+// behind the mount's back fails its close with ESTALE and its data goes
+// to lost+found, as for a replaced blob; the warning says the blob was
+// deleted, not that another writer's version is kept (there is none). (A
+// first write that must read the blob, into a file opened without
+// O_TRUNC, fails with ENOENT instead: there is nothing to keep.)
+func TestConflictBlobDeleted(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
+		opts := conflictMountOptions
+		opts.CacheDir = t.TempDir()
+		var logged *lockedBuffer
+		opts.Logger, logged = capturingLogger(t)
+		mnt, _ := mountStore(t, s, opts)
+		for i, tc := range []struct {
+			flag        int
+			writeBefore bool // a write before the deletion
+		}{
+			{os.O_RDWR, true},
+			{os.O_WRONLY | os.O_APPEND, true},
+			{os.O_WRONLY | os.O_TRUNC, false},
+		} {
+			name := fmt.Sprintf("deleted%d", i)
+			data := []byte("written after the blob was deleted\n")
+			putBlob(t, s, name, []byte("old content\n"), nil)
+			f := mustOpen(t, join(mnt, name), tc.flag)
+			if tc.writeBefore {
+				mustWriteHandle(t, f, []byte("before\n"))
+			}
+			if err := s.Delete(t.Context(), name, blobstore.Conditions{}); err != nil {
+				t.Fatal(err)
+			}
+			mustWriteHandle(t, f, data)
+			wantErrno(t, f.Close(), syscall.ESTALE)
+			if kept := waitLostFound(t, opts.CacheDir, name); !bytes.Contains(kept, data) {
+				t.Errorf("lost+found holds %q, want %q in it", kept, data)
+			}
+			waitLogLine(t, logged, "WARN", name)
+			for _, l := range strings.Split(logged.String(), "\n") {
+				if !logLine(l, "WARN", name) {
+					continue
+				}
+				if !strings.Contains(l, "the blob was deleted since this file was opened; its data is kept in lost+found") {
+					t.Errorf("the warning does not say the blob was deleted: %s", l)
+				}
+				if strings.Contains(l, "other writer") {
+					t.Errorf("the warning blames another writer for a deletion: %s", l)
+				}
 			}
 		}
 	})

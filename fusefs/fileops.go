@@ -201,12 +201,35 @@ func (fs *FS) keepFailed(of *openFile, err error) {
 	fs.keptFiles.Add(1)
 	if isConflict(err) {
 		// Not a failure of blobfs: the user's own data met another
-		// writer's, and must hear of both.
-		fs.log.Warn("file changed in the store since it was opened here (another writer); the store keeps the other writer's version, this one is kept on local disk",
-			"path", path, "kept", kept, "err", err)
+		// writer's change, and must hear of both. The commit's
+		// condition does not tell a replaced blob from a deleted one;
+		// the store does.
+		switch gone, known := fs.blobGone(path); {
+		case !known:
+			fs.log.Warn("file changed or deleted in the store since it was opened here; its data is kept in lost+found",
+				"path", path, "kept", kept, "err", err)
+		case gone:
+			fs.log.Warn("the blob was deleted since this file was opened; its data is kept in lost+found",
+				"path", path, "kept", kept, "err", err)
+		default:
+			fs.log.Warn("file changed in the store since it was opened here (another writer); the store keeps the other writer's version, this one is kept on local disk",
+				"path", path, "kept", kept, "err", err)
+		}
 		return
 	}
 	fs.log.Error("upload failed; data kept on local disk", "path", path, "kept", kept, "err", err)
+}
+
+// blobGone asks the store whether the blob name is gone; known is false
+// when the store could not say.
+func (fs *FS) blobGone(name string) (gone, known bool) {
+	ctx, cf := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cf()
+	_, err := fs.store.Stat(ctx, name)
+	if errors.Is(err, blobstore.ErrNotFound) {
+		return true, true
+	}
+	return false, err == nil
 }
 
 // isConflict tells whether a commit failed its condition: another writer

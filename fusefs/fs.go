@@ -139,7 +139,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		store:          store,
 		blockMD5:       blobstore.ChecksBlockMD5(store),
 		opts:           opts,
-		log:            opts.Logger,
+		log:            slog.New(newAuthWarnLimiter(opts.Logger.Handler())),
 		spillDir:       spillDir,
 		spills:         newSpillPool(spillDir),
 		blocks:         newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes-chunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), opts.MaxReadAheadBlocks),
@@ -290,7 +290,9 @@ func (fs *FS) Init(*fuse.Server) {}
 // unlink and rename with ENOENT (39 of 500 os.Mkdir calls of a Go program
 // on Azurite). A lookup or read slower than the signals' interval failed
 // over and over. A SIGKILLed caller waits for the answer to a change it
-// made; the store's retry budget bounds how long a request can take.
+// made; the store's per-try timeout and retries bound how long a request
+// can take (about 10 minutes for a store that never answers;
+// docs/reference.md, "Timeouts and retries").
 func (fs *FS) reqContext() (context.Context, context.CancelFunc) {
 	return context.WithCancel(fs.ctx)
 }

@@ -43,6 +43,7 @@ func TestHelpGolden(t *testing.T) {
 			{"--attr-timeout duration", "(0 disables) (default 1s)"},
 			{"--check-timeout duration", "(default 30s)"},
 			{"--retry-max-delay duration", "(default 5s)"},
+			{"--retry-attempts int", "the first included; one only while the mount's retry budget is spent (default 5)"},
 			{"--block-cache-mb int", "MiB (default 256)"},
 			{"--read-block-mb int", "MiB (default 8)"},
 			{"--kernel-readahead-kb int", "KiB (root only; -1 keeps the kernel's 128) (default 4096)"},

@@ -89,10 +89,11 @@ func TestMountMetrics(t *testing.T) {
 	body := scrape(t, addr)
 	vol := `{volume="` + mp + `"}`
 	for series, want := range map[string]float64{
-		"blobfs_volume_dirty_files" + vol:              1,
-		"blobfs_volume_dirty_bytes" + vol:              123456,
-		"blobfs_volume_uploading_bytes" + vol:          0,
-		"blobfs_volume_store_requests_in_flight" + vol: 0,
+		"blobfs_volume_dirty_files" + vol:                  1,
+		"blobfs_volume_dirty_bytes" + vol:                  123456,
+		"blobfs_volume_uploading_bytes" + vol:              0,
+		"blobfs_volume_store_requests_in_flight" + vol:     0,
+		"blobfs_volume_store_oldest_request_seconds" + vol: 0,
 	} {
 		if got, ok := metricValue(body, series); !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", series, got, ok, want)

@@ -101,8 +101,8 @@ func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.BoolVar(&c.posixAttrs, "posix-attrs", true, "store modes, owners, times and special files in blob metadata; false never writes them (chmod, chown and mknod of special files refused)")
 	fl.IntVar(&c.mount.Readers, "fuse-readers", 8, "goroutines reading FUSE requests")
 	fl.IntVar(&c.mount.ReadAheadKB, "kernel-readahead-kb", 4096, "kernel read-ahead for the mount, KiB (root only; -1 keeps the kernel's 128)")
-	fl.IntVar(&c.retry.MaxAttempts, "retry-attempts", 0, "attempts per store request on throttling and transient errors (default 5)")
-	fl.DurationVar(&c.retry.MaxDelay, "retry-max-delay", 0, "longest wait between attempts (default 5s)")
+	fl.IntVar(&c.retry.MaxAttempts, "retry-attempts", 0, "tries of one store request that fails with throttling or a transient error (a try that gets no answer within 2 minutes is one), the first included; one only while the mount's retry budget is spent (default 5)")
+	fl.DurationVar(&c.retry.MaxDelay, "retry-max-delay", 0, "longest wait between tries (default 5s)")
 	fl.BoolVar(&c.fg, "foreground", false, "stay in the foreground (default: detach once mounted)")
 	c.log.register(fl)
 	fl.StringVar(&c.log.file, "log-file", "", "log to this file, opened again at SIGHUP (default: stderr in the foreground; in the background /var/log/blobfs/blobfs-MOUNTPOINT.log as root, else under $TMPDIR)")
@@ -277,9 +277,10 @@ func defaultLocalDir() string {
 }
 
 // openStore builds the store and checks it before anything is mounted. At
-// debug level every store request is logged to logger.
-// openStore opens and checks the store. vol, if not nil, counts its
-// requests (each try).
+// debug level every store request is logged to logger; at any level, a
+// request still running after 30 s is logged at WARN (blobstore.NewWatched).
+// vol, if not nil, counts its requests (each try) and reports the oldest in
+// flight.
 func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger, vol *fsmetrics.Volume) (blobstore.Store, string, error) {
 	var (
 		raw  blobstore.Store
@@ -292,6 +293,7 @@ func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger, vol *f
 		if err := c.azure.Validate(); err != nil {
 			return nil, "", err
 		}
+		blobstore.WarnSASExpiry(logger, c.azure, time.Now())
 		if c.create {
 			cctx, cancel := context.WithTimeout(ctx, c.checkTime)
 			err := blobstore.CreateContainer(cctx, c.azure, nil)
@@ -331,7 +333,11 @@ func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger, vol *f
 	if vol != nil {
 		logged = vol.InstrumentStore(logged)
 	}
-	store := blobstore.NewRetrying(logged, c.retry)
+	watched := blobstore.NewWatched(logged, blobstore.WatchOptions{Log: logger})
+	if vol != nil {
+		vol.WatchStore(watched)
+	}
+	store := blobstore.NewRetrying(watched, c.retry)
 	cctx, cancel := context.WithTimeout(ctx, c.checkTime)
 	defer cancel()
 	if err := store.Check(cctx); err != nil {

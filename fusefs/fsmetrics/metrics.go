@@ -53,6 +53,7 @@ type Metrics struct {
 type volume struct {
 	name     string
 	inFlight *atomic.Int64 // store requests under way
+	oldest   func() time.Duration
 }
 
 // LatencyBuckets are the buckets of every latency histogram, in seconds.
@@ -130,6 +131,8 @@ type Volume struct {
 	m    *Metrics
 	name string
 	in   atomic.Int64
+
+	oldest func() time.Duration // set by WatchStore before Track
 }
 
 // NewVolume starts a volume's metrics.
@@ -139,8 +142,13 @@ func (m *Metrics) NewVolume(name string) *Volume { return &Volume{m: m, name: na
 func (v *Volume) Track(fs *fusefs.FS) {
 	v.m.mu.Lock()
 	defer v.m.mu.Unlock()
-	v.m.volumes[fs] = &volume{name: v.name, inFlight: &v.in}
+	v.m.volumes[fs] = &volume{name: v.name, inFlight: &v.in, oldest: v.oldest}
 }
+
+// WatchStore reports the age of the oldest request in flight through w as
+// the volume's blobfs_volume_store_oldest_request_seconds. Call it before
+// Track.
+func (v *Volume) WatchStore(w *blobstore.Watched) { v.oldest = w.Oldest }
 
 // Untrack ends fs's series, keeping its cache counts in the totals.
 func (m *Metrics) Untrack(fs *fusefs.FS) {
@@ -177,6 +185,7 @@ var (
 	volSpill      = prometheus.NewDesc("blobfs_volume_spill_bytes", "Disk space taken by the spill files of open files, in the cache directory.", []string{"volume"}, nil)
 	volCache      = prometheus.NewDesc("blobfs_volume_cache_bytes", "Memory of the read block cache.", []string{"volume"}, nil)
 	volInFlight   = prometheus.NewDesc("blobfs_volume_store_requests_in_flight", "Store requests under way (each try).", []string{"volume"}, nil)
+	volOldest     = prometheus.NewDesc("blobfs_volume_store_oldest_request_seconds", "Age of the oldest store request under way (each try), 0 when none is: a value that keeps growing is a store that does not answer.", []string{"volume"}, nil)
 	volHits       = prometheus.NewDesc("blobfs_volume_cache_hits_total", "Reads answered from the block cache.", []string{"volume"}, nil)
 	volMisses     = prometheus.NewDesc("blobfs_volume_cache_misses_total", "Reads that had to fetch from the store.", []string{"volume"}, nil)
 	volRead       = prometheus.NewDesc("blobfs_volume_read_bytes_total", "Bytes that reads returned from the store's content.", []string{"volume"}, nil)
@@ -191,7 +200,7 @@ var (
 )
 
 func (c volumeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{volDirtyFiles, volDirty, volUploading, volSpill, volCache, volInFlight, volHits, volMisses, volRead, volFetched, volDiskRead, volPassOpens, volWriteBack, volKept, volVerified, volMismatch, volReused} {
+	for _, d := range []*prometheus.Desc{volDirtyFiles, volDirty, volUploading, volSpill, volCache, volInFlight, volOldest, volHits, volMisses, volRead, volFetched, volDiskRead, volPassOpens, volWriteBack, volKept, volVerified, volMismatch, volReused} {
 		ch <- d
 	}
 }
@@ -214,6 +223,9 @@ func (c volumeCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(volSpill, float64(s.SpillBytes))
 		gauge(volCache, float64(s.CacheBytes))
 		gauge(volInFlight, float64(v.inFlight.Load()))
+		if v.oldest != nil {
+			gauge(volOldest, v.oldest().Seconds())
+		}
 		ch <- prometheus.MustNewConstMetric(volHits, prometheus.CounterValue, float64(s.CacheHits), v.name)
 		ch <- prometheus.MustNewConstMetric(volMisses, prometheus.CounterValue, float64(s.CacheMisses), v.name)
 		ch <- prometheus.MustNewConstMetric(volRead, prometheus.CounterValue, float64(s.ReadBytes), v.name)

@@ -1,11 +1,15 @@
 package fsmetrics
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -200,4 +204,70 @@ func TestLsLongCostPerEntry(t *testing.T) {
 	if store > 3 {
 		t.Errorf("%d store requests; one listing should do", store)
 	}
+}
+
+// TestVolumeOldestRequest: while a store request hangs, the volume's
+// blobfs_volume_store_oldest_request_seconds grows above 0 and the hang is
+// logged at WARN; once it ends the gauge is 0 again.
+func TestVolumeOldestRequest(t *testing.T) {
+	faulty := blobstore.NewFaulty(blobstore.NewMemory(), blobstore.FaultOptions{})
+	var logged syncBuffer
+	m := New()
+	vol := m.NewVolume("vol-1")
+	watched := blobstore.NewWatched(vol.InstrumentStore(faulty), blobstore.WatchOptions{
+		Log: slog.New(slog.NewTextHandler(&logged, nil)), Threshold: 20 * time.Millisecond,
+	})
+	vol.WatchStore(watched)
+	fsys, err := fusefs.New(watched, fusefs.Options{CacheDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	vol.Track(fsys)
+	defer m.Untrack(fsys)
+	const name = "blobfs_volume_store_oldest_request_seconds"
+	if v, ok := value(t, m, name, "vol-1"); !ok || v != 0 {
+		t.Fatalf("%s with nothing in flight: %v (present %v), want 0", name, v, ok)
+	}
+
+	faulty.SetOptions(blobstore.FaultOptions{Latency: time.Hour}) // the store freezes
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		watched.Stat(ctx, "frozen")
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logged.String(), "level=WARN") {
+		if time.Now().After(deadline) {
+			t.Fatal("no WARN about the hung request")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if v, _ := value(t, m, name, "vol-1"); v < 0.02 {
+		t.Fatalf("%s during a hang logged as such: %v, want at least the 20ms threshold", name, v)
+	}
+	cancel()
+	<-done
+	if v, _ := value(t, m, name, "vol-1"); v != 0 {
+		t.Fatalf("%s after the request ended: %v, want 0", name, v)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test reading it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
