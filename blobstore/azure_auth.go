@@ -625,5 +625,47 @@ func (c markedCredential) GetToken(ctx context.Context, opts policy.TokenRequest
 // tokenError is a failure to get an Azure AD token.
 type tokenError struct{ err error }
 
-func (e *tokenError) Error() string { return "Azure AD token: " + e.err.Error() }
+func (e *tokenError) Error() string { return "Azure AD token: " + summarizeChain(e.err.Error()) }
 func (e *tokenError) Unwrap() error { return e.err }
+
+// summarizeChain shortens the error of DefaultAzureCredential, which lists
+// every credential it tried with the SDK's whole explanation (over 1,000
+// characters on a machine with none), to one line: each credential's name
+// and the start of its reason. Other errors pass unchanged.
+func summarizeChain(msg string) string {
+	const head = "DefaultAzureCredential: failed to acquire a token."
+	if !strings.HasPrefix(msg, head) {
+		return msg
+	}
+	var tried []string
+	for _, line := range strings.Split(msg, "\n") {
+		line = strings.TrimSpace(line)
+		name, reason, ok := strings.Cut(line, ": ")
+		if !ok || !strings.HasSuffix(name, "Credential") || strings.Contains(name, " ") {
+			continue
+		}
+		reason, _, _ = strings.Cut(reason, ". ")
+		if len(reason) > 80 {
+			reason = reason[:77] + "..."
+		}
+		tried = append(tried, name+" ("+reason+")")
+	}
+	if len(tried) == 0 {
+		return head
+	}
+	return "no credential of the default chain could get one: " + strings.Join(tried, "; ") +
+		"; give an account key, a SAS token or a connection string, or run where a managed or workload identity is"
+}
+
+// NoteAuthMode logs, at INFO, that a configuration without any credential
+// authenticates with Azure AD's default chain: a user who forgot the
+// account key should read why requests are refused, not guess.
+func NoteAuthMode(log *slog.Logger, cfg AzureConfig) {
+	if strings.TrimSpace(cfg.Auth) != "" || cfg.ClientID != "" {
+		return
+	}
+	if mode, err := cfg.authMode(); err == nil && mode == AzureAuthAzureAD {
+		log.Info("no account key, SAS token or connection string given: authenticating with Azure AD (environment, workload identity, managed identity, Azure CLI)",
+			"account", cfg.Account, "container", cfg.Container)
+	}
+}

@@ -167,6 +167,7 @@ func (m *BlobfsMounter) openStore(spec MountSpec) (blobstore.Store, *fsmetrics.V
 	}
 	log := m.log.With("volume", spec.VolumeID)
 	blobstore.WarnSASExpiry(log, spec.Azure, time.Now())
+	blobstore.NoteAuthMode(log, spec.Azure)
 	store := blobstore.NewLogged(az, log)
 	var vol *fsmetrics.Volume
 	if m.metrics != nil {

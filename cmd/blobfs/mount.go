@@ -294,6 +294,7 @@ func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger, vol *f
 			return nil, "", err
 		}
 		blobstore.WarnSASExpiry(logger, c.azure, time.Now())
+		blobstore.NoteAuthMode(logger, c.azure)
 		if c.create {
 			cctx, cancel := context.WithTimeout(ctx, c.checkTime)
 			err := blobstore.CreateContainer(cctx, c.azure, nil)
