@@ -85,6 +85,9 @@ const knownDefectRenameAdoptsOtherVersion = true
 // errSkip: the operation falls in a known-issue pattern; the action skips.
 const errSkip = syscall.Errno(0xfffe)
 
+// errENOENTOrOK: either ENOENT or success is right.
+const errENOENTOrOK = syscall.Errno(0xfffd)
+
 type mkind int
 
 const (
@@ -544,9 +547,10 @@ func (m *model) setAttr(mnt int, p string, h *mhandle, op attrOp, defaults mattr
 		f = m.mountFile(mnt, p)
 	}
 	if f != nil && !f.hasSpill && !f.pending && !f.unlinked && m.store[f.path] == nil {
-		// Removed by another writer: setattr looks the blob up first
-		// (unless this mount holds the file's content).
-		return syscall.ENOENT, false
+		// Removed by another writer: setattr fails when it looks the
+		// blob up, which it does unless the attributes are known (and
+		// then a change to what they are already is no change).
+		return errENOENTOrOK, false
 	}
 	if f != nil && !f.hasSpill && !f.pending && !f.unlinked {
 		// setattr looks the blob up first: what another writer set
