@@ -8,7 +8,7 @@ VERSION ?= $(RELEASE)-$(shell git describe --always --dirty 2>/dev/null || echo 
 BIN     := bin/blobfs
 DEMO_MNT ?= /tmp/blobfs
 
-.PHONY: build install demo test test-short test-csi e2e image docker-image bench bench-restart lint clean
+.PHONY: build install demo test test-short test-csi check e2e image docker-image bench bench-restart lint clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/blobfs
@@ -67,6 +67,17 @@ docker-image:
 
 test-short:
 	$(GO) test -short ./...
+
+# The model-based checker's soak (fusefs/modelcheck_test.go,
+# docs/testing.md): many more and longer generated sequences than the
+# fixed budget make test runs. CHECK_ARGS adds flags, e.g.
+# CHECK_ARGS=-rapid.seed=N to replay a failure.
+CHECK_CHECKS ?= 2000
+CHECK_STEPS  ?= 200
+CHECK_ARGS   ?=
+check:
+	$(GO) test ./fusefs -run TestModel -count=1 -timeout 60m -rapid.nofailfile \
+		-rapid.checks=$(CHECK_CHECKS) -rapid.steps=$(CHECK_STEPS) $(CHECK_ARGS)
 
 bench: build
 	./.ci/bench.sh $(BENCH_ARGS)

@@ -1,0 +1,850 @@
+package fusefs
+
+// The model-based checker (issue 38): rapid generates sequences of
+// operations through two real FUSE mounts of one in-memory container
+// (caches off, so that what a mount sees does not depend on timing) and
+// through the store's API as a third writer, applies each to the real
+// mounts and to the reference model (modelcheck_model_test.go, which
+// encodes docs/semantics.md), and compares errnos, bytes read, and after
+// every step the whole state: the store's blobs, each mount's listings,
+// attributes and content read back through a fresh open, and each
+// mount's lost+found.
+//
+// A divergence fails with rapid's shrunk sequence of actions (each logged
+// as it runs) and the seed that replays it:
+//
+//	go test ./fusefs -run TestModel -rapid.seed=N -rapid.nofailfile -v
+//
+// (rapid also writes a fail file under fusefs/testdata/rapid, ignored by
+// git, and replays every fail file there before anything else: remove
+// them, or pass -rapid.nofailfile, once a failure is understood.) Each
+// check starts in a fresh directory of the container and waits for the
+// kernel's RELEASEs before every step, so that a seed replays the same
+// sequence with the same results. The default budget
+// (modelDefaultChecks checks of about modelDefaultSteps steps) fits
+// `make test`; `make check` runs a long soak with explicit
+// -rapid.checks and -rapid.steps, which override the defaults.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"pgregory.net/rapid"
+
+	"github.com/blobfs/blobfs/blobstore"
+)
+
+// The budget of TestModel in `go test ./...` unless -rapid.checks or
+// -rapid.steps are given.
+const (
+	modelDefaultChecks = 50
+	modelDefaultSteps  = 40
+)
+
+// Names the generator uses, relative to a check's directory. Files live
+// at P, directories at D, symlinks at L and FIFOs at F, so that a file
+// name is never opened as a FIFO (which would block).
+var (
+	modelFiles    = []string{"a", "b", "d/a", "d/b", "e/a"}
+	modelDirs     = []string{"d", "e"}
+	modelSymlinks = []string{"l", "d/l"}
+	modelFifos    = []string{"p", "e/p"}
+	modelAll      = append(append(append(append([]string{}, modelFiles...), modelDirs...), modelSymlinks...), modelFifos...)
+)
+
+// modelMount is one of the two mounts.
+type modelMount struct {
+	dir      string
+	fsys     *FS
+	cacheDir string
+}
+
+// modelHarness is shared by every check of one TestModel run.
+type modelHarness struct {
+	store    blobstore.Store
+	mounts   [2]modelMount
+	defaults mattrs // what a blob without attributes shows
+	fileMode uint32
+	checks   int
+}
+
+// checker is the state of one check: a fresh directory of the container,
+// the model, and up to two open handles per mount.
+type checker struct {
+	h      *modelHarness
+	t      *rapid.T
+	prefix string
+	m      *model
+	slots  [4]*realHandle // slot/2 is the mount
+}
+
+type realHandle struct {
+	f *os.File
+	m *mhandle
+}
+
+func TestModel(t *testing.T) {
+	setDefaultFlag("rapid.checks", "RAPID_CHECKS", modelDefaultChecks)
+	setDefaultFlag("rapid.steps", "RAPID_STEPS", modelDefaultSteps)
+	h := &modelHarness{store: blobstore.NewMemory()}
+	for i := range h.mounts {
+		opts := conflictMountOptions
+		opts.CacheDir = t.TempDir()
+		opts.PrefetchFiles = -1
+		dir, fsys := mountStore(t, h.store, opts)
+		h.mounts[i] = modelMount{dir: dir, fsys: fsys, cacheDir: opts.CacheDir}
+	}
+	umask := syscall.Umask(0)
+	syscall.Umask(umask)
+	h.fileMode = 0o644 &^ uint32(umask)
+	// What a blob written by another tool shows.
+	putBlob(t, h.store, "probe", []byte("x"), nil)
+	st, err := os.Stat(join(h.mounts[0].dir, "probe"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys := st.Sys().(*syscall.Stat_t)
+	h.defaults = mattrs{perm: uint32(st.Mode().Perm()), uid: sys.Uid, gid: sys.Gid}
+	start := time.Now()
+	rapid.Check(t, func(rt *rapid.T) {
+		h.checks++
+		c := &checker{h: h, t: rt, prefix: fmt.Sprintf("c%05d", h.checks), m: newModel(h.fileMode)}
+		c.begin()
+		rt.Cleanup(c.end)
+		rt.Repeat(rapid.StateMachineActions(c))
+	})
+	t.Logf("%d checks in %v", h.checks, time.Since(start))
+}
+
+// setDefaultFlag sets a rapid flag to def unless the command line or the
+// environment chose a value.
+func setDefaultFlag(name, env string, def int) {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	if set || os.Getenv(env) != "" {
+		return
+	}
+	if err := flag.Set(name, strconv.Itoa(def)); err != nil {
+		panic(err)
+	}
+}
+
+// begin makes the check's directory and its first files: an existing
+// file at the top and one in a directory, written by another tool.
+func (c *checker) begin() {
+	ctx := context.Background()
+	for i := range c.h.mounts {
+		os.RemoveAll(filepath.Join(c.h.mounts[i].cacheDir, "lost+found"))
+	}
+	c.storePutRaw(ctx, "", nil, folderMeta)
+	for _, name := range []string{"a", "d/a"} {
+		data := []byte("old " + name + "\n")
+		c.storePutRaw(ctx, name, data, nil)
+		c.m.storePut(name, data)
+	}
+	c.storePutRaw(ctx, "d", nil, folderMeta)
+	c.m.store["d"] = &mblob{kind: kDir, ver: c.m.nextVer()}
+}
+
+func (c *checker) storePutRaw(ctx context.Context, rel string, data []byte, md map[string]string) {
+	if _, err := c.h.store.Put(ctx, c.blob(rel), data, blobstore.PutOptions{Metadata: md}); err != nil {
+		c.t.Fatalf("put %s: %v", rel, err)
+	}
+}
+
+// end closes what the check left open and waits until both mounts have
+// released it, so that the next check starts from nothing.
+func (c *checker) end() {
+	for i, s := range c.slots {
+		if s != nil {
+			s.f.Close()
+			c.slots[i] = nil
+		}
+	}
+	for i := range c.h.mounts {
+		c.waitOpenFiles(i, 0)
+	}
+}
+
+func (c *checker) blob(rel string) string {
+	if rel == "" {
+		return c.prefix
+	}
+	return c.prefix + "/" + rel
+}
+
+func (c *checker) path(mnt int, rel string) string {
+	return filepath.Join(c.h.mounts[mnt].dir, c.prefix, rel)
+}
+
+func mountName(mnt int) string { return string(rune('A' + mnt)) }
+
+// waitOpenFiles waits until mount mnt holds n open files: the kernel's
+// RELEASE follows close(2) without the caller waiting for it, and a file
+// is committed (or kept in lost+found) once it arrives.
+func (c *checker) waitOpenFiles(mnt, n int) {
+	fsys := c.h.mounts[mnt].fsys
+	count := func() int {
+		fsys.mu.Lock()
+		defer fsys.mu.Unlock()
+		k := 0
+		for _, nd := range fsys.nodes.byID {
+			if nd.file != nil {
+				k++
+			}
+		}
+		return k
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for count() != n {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("mount %s holds %d open files, the model %d", mountName(mnt), count(), n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (c *checker) settle() {
+	for i := range c.h.mounts {
+		n := 0
+		for _, f := range c.m.files {
+			if f.mount == i {
+				n++
+			}
+		}
+		c.waitOpenFiles(i, n)
+	}
+}
+
+func errnoOf(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return syscall.Errno(0xffff) // not an errno: always a divergence
+}
+
+func errStr(e syscall.Errno) string {
+	if e == 0 {
+		return "ok"
+	}
+	if e == 0xffff {
+		return "non-errno error"
+	}
+	return unix.ErrnoName(e)
+}
+
+// expect fails the check when the real errno is not the model's. POSIX
+// lets rename(2) onto a directory that is not empty fail with EEXIST as
+// well as ENOTEMPTY: both are accepted.
+func (c *checker) expect(what string, got error, want syscall.Errno) {
+	c.t.Helper()
+	g := errnoOf(got)
+	c.t.Logf("%s: %s", what, errStr(g))
+	if want == errENOENTOrOK && (g == 0 || g == syscall.ENOENT) {
+		return
+	}
+	if g != want && !(want == syscall.ENOTEMPTY && g == syscall.EEXIST) {
+		// No paths in the message: rapid shrinks only while a replay
+		// fails with the same message, and each replay has its own
+		// directory.
+		c.t.Fatalf("DIVERGENCE %s: got %s, model says %s", what, errStr(g), errStr(want))
+	}
+}
+
+// Draws.
+
+func (c *checker) drawMount() int { return rapid.IntRange(0, 1).Draw(c.t, "mount") }
+
+func (c *checker) drawSlot(open bool) int {
+	var cands []int
+	for i, s := range c.slots {
+		if (s != nil) == open {
+			cands = append(cands, i)
+		}
+	}
+	if len(cands) == 0 {
+		c.t.Skip("no such slot")
+	}
+	return rapid.SampledFrom(cands).Draw(c.t, "slot")
+}
+
+func (c *checker) drawData() []byte {
+	n := rapid.IntRange(0, 12).Draw(c.t, "len")
+	b := byte(rapid.IntRange('A', 'Z').Draw(c.t, "byte"))
+	return bytes.Repeat([]byte{b}, n)
+}
+
+func slotName(s int) string { return fmt.Sprintf("%s%d", mountName(s/2), s%2) }
+
+func flagString(fl int) string {
+	parts := []string{[]string{"O_RDONLY", "O_WRONLY", "O_RDWR"}[fl&syscall.O_ACCMODE]}
+	for _, f := range []struct {
+		bit  int
+		name string
+	}{{syscall.O_CREAT, "O_CREAT"}, {syscall.O_EXCL, "O_EXCL"}, {syscall.O_TRUNC, "O_TRUNC"}, {syscall.O_APPEND, "O_APPEND"}} {
+		if fl&f.bit != 0 {
+			parts = append(parts, f.name)
+		}
+	}
+	return strings.Join(parts, "|")
+}
+
+// Actions (syscalls rather than os functions where os adds checks of its
+// own: os.Rename refuses a directory as the target with EEXIST): each applies one operation to the real mount (or the store)
+// and to the model, and compares.
+
+func (c *checker) Open(t *rapid.T) {
+	c.settle()
+	s := c.drawSlot(false)
+	mnt := s / 2
+	p := rapid.SampledFrom(modelFiles).Draw(t, "path")
+	fl := rapid.SampledFrom([]int{syscall.O_RDONLY, syscall.O_WRONLY, syscall.O_RDWR}).Draw(t, "access")
+	if rapid.Bool().Draw(t, "creat") {
+		fl |= syscall.O_CREAT
+		if rapid.Bool().Draw(t, "excl") {
+			fl |= syscall.O_EXCL
+		}
+	}
+	if fl&syscall.O_ACCMODE != syscall.O_RDONLY {
+		if rapid.Bool().Draw(t, "trunc") {
+			fl |= syscall.O_TRUNC
+		}
+		if rapid.Bool().Draw(t, "append") {
+			fl |= syscall.O_APPEND
+		}
+	}
+	mh, want := c.m.open(mnt, p, fl)
+	if want == errSkip {
+		t.Skip("knownIssueCreateOverHeldFile")
+	}
+	f, err := os.OpenFile(c.path(mnt, p), fl, 0o644)
+	c.expect(fmt.Sprintf("%s open %s %s", slotName(s), p, flagString(fl)), err, want)
+	if err == nil {
+		mh.desc = p + " " + flagString(fl)
+		c.slots[s] = &realHandle{f: f, m: mh}
+	}
+}
+
+func (c *checker) Close(t *rapid.T) {
+	s := c.drawSlot(true)
+	h := c.slots[s]
+	c.slots[s] = nil
+	want := c.m.close(h.m)
+	c.expect(fmt.Sprintf("%s close (%s)", slotName(s), h.m.desc), h.f.Close(), want)
+}
+
+func (c *checker) Fsync(t *rapid.T) {
+	s := c.drawSlot(true)
+	h := c.slots[s]
+	want := c.m.commit(h.m.f)
+	c.expect(fmt.Sprintf("%s fsync (%s)", slotName(s), h.m.desc), h.f.Sync(), want)
+}
+
+func (c *checker) Read(t *rapid.T) {
+	s := c.drawSlot(true)
+	h := c.slots[s]
+	off := rapid.IntRange(0, 16).Draw(t, "off")
+	buf := make([]byte, 32)
+	n, err := h.f.ReadAt(buf, int64(off))
+	if err == io.EOF {
+		err = nil
+	}
+	what := fmt.Sprintf("%s pread %d (%s)", slotName(s), off, h.m.desc)
+	if !h.m.read {
+		c.expect(what, err, syscall.EBADF)
+		return
+	}
+	allowed, mayFail := c.m.readAllowed(h.m)
+	if e := errnoOf(err); mayFail && (e == syscall.ENOENT || e == syscall.ESTALE || e == syscall.EIO) {
+		t.Logf("%s: %s (allowed: another writer changed the file)", what, errStr(e))
+		return
+	}
+	c.expect(what, err, 0)
+	got := buf[:n]
+	for _, a := range allowed {
+		want := []byte{}
+		if off < len(a) {
+			want = a[off:min(len(a), off+32)]
+		}
+		if bytes.Equal(got, want) {
+			return
+		}
+	}
+	c.t.Fatalf("DIVERGENCE %s: read %q, model allows %q", what, got, allowed)
+}
+
+func (c *checker) Write(t *rapid.T) {
+	s := c.drawSlot(true)
+	h := c.slots[s]
+	data := c.drawData()
+	off := rapid.IntRange(0, 20).Draw(t, "off")
+	if h.m.app || !h.m.write {
+		// pwrite on an O_APPEND descriptor appends anyway (Linux);
+		// write(2) says what is meant.
+		want := c.m.write(h.m, 0, data)
+		if want == errSkip {
+			t.Skip("knownDefectWriteAfterUnlink")
+		}
+		_, err := h.f.Write(data)
+		c.expect(fmt.Sprintf("%s write %q (%s)", slotName(s), data, h.m.desc), err, want)
+		return
+	}
+	want := c.m.write(h.m, off, data)
+	if want == errSkip {
+		t.Skip("knownDefectWriteAfterUnlink")
+	}
+	_, err := h.f.WriteAt(data, int64(off))
+	c.expect(fmt.Sprintf("%s pwrite %q at %d (%s)", slotName(s), data, off, h.m.desc), err, want)
+}
+
+func (c *checker) Ftruncate(t *rapid.T) {
+	s := c.drawSlot(true)
+	h := c.slots[s]
+	size := rapid.IntRange(0, 20).Draw(t, "size")
+	want := c.m.ftruncate(h.m, size)
+	if want == errSkip {
+		t.Skip("knownDefectWriteAfterUnlink")
+	}
+	c.expect(fmt.Sprintf("%s ftruncate %d (%s)", slotName(s), size, h.m.desc), h.f.Truncate(int64(size)), want)
+}
+
+func (c *checker) Truncate(t *rapid.T) {
+	c.settle()
+	mnt := c.drawMount()
+	p := rapid.SampledFrom(modelFiles).Draw(t, "path")
+	size := rapid.IntRange(0, 20).Draw(t, "size")
+	want := c.m.truncatePath(mnt, p, size)
+	c.expect(fmt.Sprintf("%s truncate %s %d", mountName(mnt), p, size), os.Truncate(c.path(mnt, p), int64(size)), want)
+}
+
+var modelTime0 = time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+
+func (c *checker) drawAttr() attrOp {
+	op := attrOp{kind: rapid.SampledFrom([]string{"chmod", "chown", "utime"}).Draw(c.t, "attr")}
+	switch op.kind {
+	case "chmod":
+		op.perm = rapid.SampledFrom([]uint32{0o600, 0o644, 0o640, 0o755}).Draw(c.t, "perm")
+	case "chown":
+		op.owner = rapid.SampledFrom([]uint32{0, 1000, 4321}).Draw(c.t, "owner")
+	case "utime":
+		op.mtime = modelTime0.Add(time.Duration(rapid.IntRange(0, 3).Draw(c.t, "time")) * time.Hour).UnixNano()
+	}
+	return op
+}
+
+func (op attrOp) String() string {
+	switch op.kind {
+	case "chmod":
+		return fmt.Sprintf("chmod %#o", op.perm)
+	case "chown":
+		return fmt.Sprintf("chown %d:%d", op.owner, op.owner)
+	}
+	return fmt.Sprintf("utime %s", time.Unix(0, op.mtime).UTC().Format(time.TimeOnly))
+}
+
+// applyAttr runs op on path (a file, or /proc/self/fd/N for a handle).
+func applyAttr(f *os.File, p string, op attrOp) error {
+	switch op.kind {
+	case "chmod":
+		if f != nil {
+			return f.Chmod(os.FileMode(op.perm))
+		}
+		return os.Chmod(p, os.FileMode(op.perm))
+	case "chown":
+		if f != nil {
+			return f.Chown(int(op.owner), int(op.owner))
+		}
+		return os.Chown(p, int(op.owner), int(op.owner))
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(op.mtime), unix.NsecToTimespec(op.mtime)}
+	if f != nil {
+		p = fmt.Sprintf("/proc/self/fd/%d", f.Fd())
+	}
+	return unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, 0)
+}
+
+func (c *checker) AttrFd(t *rapid.T) {
+	s := c.drawSlot(true)
+	h := c.slots[s]
+	op := c.drawAttr()
+	want, skip := c.m.setAttr(s/2, "", h.m, op, c.h.defaults)
+	if skip {
+		t.Skip("knownDefectAttrBeforeWrite")
+	}
+	c.expect(fmt.Sprintf("%s f%s (%s)", slotName(s), op, h.m.desc), applyAttr(h.f, "", op), want)
+}
+
+func (c *checker) AttrPath(t *rapid.T) {
+	c.settle()
+	mnt := c.drawMount()
+	p := rapid.SampledFrom(modelFiles).Draw(t, "path")
+	op := c.drawAttr()
+	want, skip := c.m.setAttr(mnt, p, nil, op, c.h.defaults)
+	if skip {
+		t.Skip("knownDefectAttrBeforeWrite")
+	}
+	c.expect(fmt.Sprintf("%s %s %s", mountName(mnt), op, p), applyAttr(nil, c.path(mnt, p), op), want)
+}
+
+func (c *checker) RenameFile(t *rapid.T) {
+	c.settle()
+	mnt := c.drawMount()
+	src := rapid.SampledFrom(modelFiles).Draw(t, "src")
+	dst := rapid.SampledFrom(modelFiles).Draw(t, "dst")
+	want, skip := c.m.renameFile(mnt, src, dst)
+	if skip {
+		t.Skip("knownDefectRenameAdoptsOtherVersion")
+	}
+	c.expect(fmt.Sprintf("%s rename %s %s", mountName(mnt), src, dst), syscall.Rename(c.path(mnt, src), c.path(mnt, dst)), want)
+}
+
+func (c *checker) RenameDir(t *rapid.T) {
+	c.settle()
+	mnt := c.drawMount()
+	src := rapid.SampledFrom(modelDirs).Draw(t, "src")
+	dst := rapid.SampledFrom(modelDirs).Draw(t, "dst")
+	want, skip := c.m.renameDir(mnt, src, dst)
+	if skip {
+		t.Skip("knownDefectRenameAdoptsOtherVersion")
+	}
+	c.expect(fmt.Sprintf("%s rename %s/ %s/", mountName(mnt), src, dst), syscall.Rename(c.path(mnt, src), c.path(mnt, dst)), want)
+}
+
+func (c *checker) Unlink(t *rapid.T) {
+	c.settle()
+	mnt := c.drawMount()
+	p := rapid.SampledFrom(modelAll).Draw(t, "path")
+	want := c.m.unlink(mnt, p)
+	c.expect(fmt.Sprintf("%s unlink %s", mountName(mnt), p), syscall.Unlink(c.path(mnt, p)), want)
+}
+
+func (c *checker) Mkdir(t *rapid.T) {
+	c.settle()
+	mnt := c.drawMount()
+	p := rapid.SampledFrom(modelDirs).Draw(t, "path")
+	want := c.m.mkdir(mnt, p)
+	c.expect(fmt.Sprintf("%s mkdir %s", mountName(mnt), p), syscall.Mkdir(c.path(mnt, p), 0o755), want)
+}
+
+func (c *checker) Rmdir(t *rapid.T) {
+	c.settle()
+	mnt := c.drawMount()
+	p := rapid.SampledFrom(modelDirs).Draw(t, "path")
+	want := c.m.rmdir(mnt, p)
+	c.expect(fmt.Sprintf("%s rmdir %s", mountName(mnt), p), syscall.Rmdir(c.path(mnt, p)), want)
+}
+
+func (c *checker) Symlink(t *rapid.T) {
+	c.settle()
+	mnt := c.drawMount()
+	p := rapid.SampledFrom(modelSymlinks).Draw(t, "path")
+	target := rapid.SampledFrom([]string{"a", "../a", "nowhere"}).Draw(t, "target")
+	want := c.m.mknode(mnt, p, kSymlink, target)
+	c.expect(fmt.Sprintf("%s symlink %s -> %s", mountName(mnt), p, target), os.Symlink(target, c.path(mnt, p)), want)
+}
+
+func (c *checker) Readlink(t *rapid.T) {
+	c.settle()
+	mnt := c.drawMount()
+	p := rapid.SampledFrom(append(append([]string{}, modelSymlinks...), "a")).Draw(t, "path")
+	wantTarget, want := c.m.readlink(mnt, p)
+	got, err := os.Readlink(c.path(mnt, p))
+	c.expect(fmt.Sprintf("%s readlink %s", mountName(mnt), p), err, want)
+	if err == nil && got != wantTarget {
+		t.Fatalf("DIVERGENCE readlink %s: %q, model says %q", p, got, wantTarget)
+	}
+}
+
+func (c *checker) Mkfifo(t *rapid.T) {
+	c.settle()
+	mnt := c.drawMount()
+	p := rapid.SampledFrom(modelFifos).Draw(t, "path")
+	want := c.m.mknode(mnt, p, kFifo, "")
+	c.expect(fmt.Sprintf("%s mkfifo %s", mountName(mnt), p), syscall.Mkfifo(c.path(mnt, p), 0o644), want)
+}
+
+func (c *checker) Link(t *rapid.T) {
+	c.settle()
+	mnt := c.drawMount()
+	src := rapid.SampledFrom(modelFiles).Draw(t, "src")
+	dst := rapid.SampledFrom(modelFiles).Draw(t, "dst")
+	want := c.m.link(mnt, src, dst)
+	c.expect(fmt.Sprintf("%s link %s %s", mountName(mnt), src, dst), syscall.Link(c.path(mnt, src), c.path(mnt, dst)), want)
+}
+
+func (c *checker) LongName(t *rapid.T) {
+	c.settle()
+	mnt := c.drawMount()
+	name := strings.Repeat("n", 256)
+	if rapid.Bool().Draw(t, "mkdir") {
+		c.expect(fmt.Sprintf("%s mkdir <256 bytes>", mountName(mnt)), syscall.Mkdir(c.path(mnt, name), 0o755), syscall.ENAMETOOLONG)
+		return
+	}
+	f, err := os.OpenFile(c.path(mnt, name), os.O_WRONLY|os.O_CREATE, 0o644)
+	if err == nil {
+		f.Close()
+	}
+	c.expect(fmt.Sprintf("%s create <256 bytes>", mountName(mnt)), err, syscall.ENAMETOOLONG)
+}
+
+func (c *checker) Statfs(t *rapid.T) {
+	mnt := c.drawMount()
+	var st syscall.Statfs_t
+	c.expect(fmt.Sprintf("%s statfs", mountName(mnt)), syscall.Statfs(c.path(mnt, ""), &st), 0)
+}
+
+func (c *checker) StorePut(t *rapid.T) {
+	c.settle()
+	p := rapid.SampledFrom(modelFiles).Draw(t, "path")
+	data := append([]byte("api:"), c.drawData()...)
+	t.Logf("store put %s %q", p, data)
+	c.storePutRaw(context.Background(), p, data, nil)
+	c.m.storePut(p, data)
+}
+
+func (c *checker) StoreDelete(t *rapid.T) {
+	c.settle()
+	p := rapid.SampledFrom(modelFiles).Draw(t, "path")
+	t.Logf("store delete %s", p)
+	err := c.h.store.Delete(context.Background(), c.blob(p), blobstore.Conditions{})
+	if err != nil && !errors.Is(err, blobstore.ErrNotFound) {
+		t.Fatalf("store delete %s: %v", p, err)
+	}
+	c.m.storeDelete(p)
+}
+
+// Check compares the whole state after every action.
+func (c *checker) Check(t *rapid.T) {
+	c.settle()
+	c.checkStore()
+	for mnt := range c.h.mounts {
+		c.checkMount(mnt)
+		c.checkLostFound(mnt)
+	}
+}
+
+// checkStore compares the container with the model: every file, symlink
+// and FIFO blob and its content, and which directories exist (markers
+// themselves are blobfs's business).
+func (c *checker) checkStore() {
+	ctx := context.Background()
+	got := map[string]string{}
+	gotDirs := map[string]bool{}
+	var marker string
+	for {
+		page, err := c.h.store.List(ctx, blobstore.ListOptions{Prefix: c.prefix + "/", Marker: marker})
+		if err != nil {
+			c.t.Fatalf("list: %v", err)
+		}
+		for _, b := range page.Blobs {
+			rel := strings.TrimPrefix(b.Name, c.prefix+"/")
+			for d := parentOf(rel); d != ""; d = parentOf(d) {
+				gotDirs[d] = true
+			}
+			switch {
+			case b.Metadata[blobstore.MetaIsFolder] == "true":
+				gotDirs[rel] = true
+			case b.Metadata[blobstore.MetaIsSymlink] == "true":
+				got[rel] = "symlink:" + string(c.blobData(b))
+			case isFifoMode(b.Metadata[blobstore.MetaMode]):
+				got[rel] = "fifo"
+			default:
+				got[rel] = "file:" + string(c.blobData(b))
+			}
+		}
+		if marker = page.NextMarker; marker == "" {
+			break
+		}
+	}
+	want := map[string]string{}
+	wantDirs := map[string]bool{}
+	for name, b := range c.m.store {
+		for d := parentOf(name); d != ""; d = parentOf(d) {
+			wantDirs[d] = true
+		}
+		switch b.kind {
+		case kDir:
+			wantDirs[name] = true
+		case kSymlink:
+			want[name] = "symlink:" + b.target
+		case kFifo:
+			want[name] = "fifo"
+		default:
+			want[name] = "file:" + string(b.data)
+		}
+	}
+	if !mapsEqual(got, want) || !mapsEqual(gotDirs, wantDirs) {
+		c.t.Fatalf("DIVERGENCE store:\n got  %v dirs %v\n want %v dirs %v", got, modelKeys(gotDirs), want, modelKeys(wantDirs))
+	}
+}
+
+func (c *checker) blobData(a blobstore.Attrs) []byte {
+	buf := make([]byte, a.Size)
+	n, err := c.h.store.ReadAt(context.Background(), a.Name, buf, 0, "")
+	if err != nil && err != io.EOF {
+		c.t.Fatalf("read blob %s: %v", a.Name, err)
+	}
+	return buf[:n]
+}
+
+func statStr(st os.FileInfo, err error) string {
+	if err != nil {
+		return errStr(errnoOf(err))
+	}
+	return fmt.Sprintf("%v size %d", st.Mode(), st.Size())
+}
+
+func isFifoMode(s string) bool {
+	m, err := strconv.ParseUint(s, 8, 32)
+	return err == nil && m&syscall.S_IFMT == syscall.S_IFIFO
+}
+
+func mapsEqual[V comparable](a, b map[string]V) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func modelKeys[V any](m map[string]V) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// checkMount compares what mount mnt shows: listings, types, sizes,
+// attributes where the model knows them, and content read through a
+// fresh open (except of files with changes this mount has not committed:
+// closing the reader would commit them).
+func (c *checker) checkMount(mnt int) {
+	name := mountName(mnt)
+	for _, d := range append([]string{""}, modelDirs...) {
+		if c.m.view(mnt, d) != kDir {
+			continue
+		}
+		ents, err := os.ReadDir(c.path(mnt, d))
+		if err != nil {
+			c.t.Fatalf("DIVERGENCE %s readdir %q: %s", name, d, errStr(errnoOf(err)))
+		}
+		var got []string
+		for _, e := range ents {
+			got = append(got, e.Name())
+		}
+		sort.Strings(got)
+		if want := c.m.children(mnt, d); strings.Join(got, " ") != strings.Join(want, " ") {
+			c.t.Fatalf("DIVERGENCE %s readdir %q: %v, model says %v", name, d, got, want)
+		}
+	}
+	for _, p := range modelAll {
+		k := c.m.view(mnt, p)
+		st, err := os.Lstat(c.path(mnt, p))
+		if k == kNone {
+			if !errors.Is(err, syscall.ENOENT) {
+				c.t.Fatalf("DIVERGENCE %s stat %s: %s, model says ENOENT", name, p, statStr(st, err))
+			}
+			continue
+		}
+		if err != nil {
+			c.t.Fatalf("DIVERGENCE %s stat %s: %s, model says a %s", name, p, errStr(errnoOf(err)), k)
+		}
+		var gotKind mkind
+		switch st.Mode().Type() {
+		case 0:
+			gotKind = kFile
+		case os.ModeDir:
+			gotKind = kDir
+		case os.ModeSymlink:
+			gotKind = kSymlink
+		case os.ModeNamedPipe:
+			gotKind = kFifo
+		}
+		if gotKind != k {
+			c.t.Fatalf("DIVERGENCE %s stat %s: a %s, model says a %s", name, p, st.Mode().Type(), k)
+		}
+		if k != kFile {
+			continue
+		}
+		data := c.m.viewData(mnt, p)
+		if st.Size() != int64(len(data)) {
+			c.t.Fatalf("DIVERGENCE %s stat %s: size %d, model says %d", name, p, st.Size(), len(data))
+		}
+		c.checkAttrs(mnt, p, st)
+		if f := c.m.mountFile(mnt, p); f != nil && f.dirty {
+			continue
+		}
+		got, err := os.ReadFile(c.path(mnt, p))
+		if err != nil || !bytes.Equal(got, data) {
+			c.t.Fatalf("DIVERGENCE %s read back %s: %q (%s), model says %q", name, p, got, errStr(errnoOf(err)), data)
+		}
+	}
+}
+
+// checkAttrs compares mode, owner and explicit mtime of a file no mount
+// has open (an open file's attributes follow its commits).
+func (c *checker) checkAttrs(mnt int, p string, st os.FileInfo) {
+	for _, f := range c.m.files {
+		if f.path == p && !f.unlinked {
+			return
+		}
+	}
+	a := c.m.store[p].attrs
+	sys := st.Sys().(*syscall.Stat_t)
+	if a.perm != 0 && uint32(st.Mode().Perm()) != a.perm {
+		c.t.Fatalf("DIVERGENCE %s stat %s: mode %#o, model says %#o", mountName(mnt), p, st.Mode().Perm(), a.perm)
+	}
+	if a.owned && (sys.Uid != a.uid || sys.Gid != a.gid) {
+		c.t.Fatalf("DIVERGENCE %s stat %s: owner %d:%d, model says %d:%d", mountName(mnt), p, sys.Uid, sys.Gid, a.uid, a.gid)
+	}
+	if a.mtime != 0 && st.ModTime().UnixNano() != a.mtime {
+		c.t.Fatalf("DIVERGENCE %s stat %s: mtime %v, model says %v", mountName(mnt), p, st.ModTime().UTC(), time.Unix(0, a.mtime).UTC())
+	}
+}
+
+// checkLostFound compares mount mnt's lost+found with the data the model
+// says it keeps (in any order).
+func (c *checker) checkLostFound(mnt int) {
+	dir := filepath.Join(c.h.mounts[mnt].cacheDir, "lost+found")
+	ents, _ := os.ReadDir(dir)
+	var got []string
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		got = append(got, string(b))
+	}
+	var want []string
+	for _, b := range c.m.lost[mnt] {
+		want = append(want, string(b))
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if fmt.Sprintf("%q", got) != fmt.Sprintf("%q", want) {
+		c.t.Fatalf("DIVERGENCE %s lost+found: %q, model says %q", mountName(mnt), got, want)
+	}
+}
