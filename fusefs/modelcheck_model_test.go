@@ -23,7 +23,11 @@ package fusefs
 //     move that condition along; another mount's or the store API's
 //     changes are, and the commit then fails with ESTALE, the store keeps
 //     the other version, and the loser's data goes to that mount's
-//     lost+found at the last release.
+//     lost+found at the last release. A change of metadata alone by
+//     another client is not another writer: where the blob still holds
+//     the content the condition stands for (seen), the commit goes over
+//     it, keeping the other client's attributes unless this mount changed
+//     the file's own since its last commit.
 //   - Hard links EPERM, a name over 255 bytes ENAMETOOLONG.
 
 import (
@@ -34,17 +38,6 @@ import (
 	"strings"
 	"syscall"
 )
-
-// knownDefectAttrBeforeWrite skips the pattern of issue 38's defect 1
-// (TODO(issue 38, defect 1): remove once the fix lands): an existing file
-// is open for writing in a mount (not with O_TRUNC, nothing written yet);
-// a chmod, chown or utime of it through the same mount (by path or by fd)
-// writes the blob's metadata and so changes its ETag; the next write
-// loads the blob and takes it for another writer's change, and close
-// fails with ESTALE while the store keeps the old content. The model says
-// the write commits. With the switch on, the checker does not generate
-// that attribute change while the file is in that state.
-const knownDefectAttrBeforeWrite = true
 
 // knownDefectRenameConflictEEXIST accepts issue 38's defect 3
 // (TODO(issue 38, defect 3): remove once fixed): a rename through a mount
@@ -145,8 +138,14 @@ type mfile struct {
 	// base is the version of the blob at path that the next commit
 	// requires (0: that there is none). It is meaningful while writers
 	// are open or a spill exists (opened).
-	base    int
-	opened  bool
+	base int
+	// seen is the content the blob had at version base: a commit whose
+	// condition fails commits all the same while the blob still holds it.
+	seen   []byte
+	opened bool
+	// attrsChanged: this mount changed the file's attributes since its
+	// last commit (those win over another client's then).
+	attrsChanged bool
 	pending bool // created by this mount and never committed
 	// unlinked: removed (or replaced by a rename) through this mount
 	// while open; nothing of it is uploaded.
@@ -202,6 +201,14 @@ func (m *model) storeKind(p string) mkind {
 		}
 	}
 	return kNone
+}
+
+// fileData is the content of the file blob at p (nil if none).
+func (m *model) fileData(p string) []byte {
+	if b := m.store[p]; b != nil && b.kind == kFile {
+		return bytes.Clone(b.data)
+	}
+	return nil
 }
 
 func (m *model) curVer(p string) int {
@@ -366,6 +373,7 @@ func (m *model) open(mnt int, p string, flags int) (*mhandle, syscall.Errno) {
 		f.writers++
 		if !f.hasSpill {
 			f.base, f.opened = m.curVer(p), true
+			f.seen = m.fileData(p)
 		}
 		if flags&syscall.O_TRUNC != 0 {
 			m.truncateFile(f, 0)
@@ -388,11 +396,20 @@ func (m *model) ensureSpill(f *mfile, load bool) syscall.Errno {
 	}
 	if !f.opened {
 		f.base, f.opened = m.curVer(f.path), true
+		f.seen = m.fileData(f.path)
 	}
 	if load && !f.unlinked {
 		b := m.store[f.path]
 		if b == nil || b.kind != kFile {
 			return syscall.ENOENT
+		}
+		if f.base != 0 && b.ver != f.base && bytes.Equal(b.data, f.seen) {
+			// Only its metadata changed since the open: the mount
+			// takes it (a setattr or getattr read it meanwhile).
+			f.base = b.ver
+			if !f.attrsChanged {
+				f.attrs = b.attrs
+			}
 		}
 		// Loaded as it is now; if that is not what the writers saw,
 		// the commit keeps their condition and fails.
@@ -476,13 +493,26 @@ func (m *model) commit(f *mfile) syscall.Errno {
 	if !f.dirty || f.unlinked {
 		return 0
 	}
-	if m.curVer(f.path) != f.base || m.store[f.path] != nil && m.store[f.path].kind != kFile {
+	b := m.store[f.path]
+	if b != nil && b.kind != kFile {
 		f.conflicted = true
 		return syscall.ESTALE
+	}
+	if m.curVer(f.path) != f.base {
+		if f.base == 0 || b == nil || !bytes.Equal(b.data, f.seen) {
+			f.conflicted = true
+			return syscall.ESTALE
+		}
+		// Only the metadata changed: not another writer.
+		if !f.attrsChanged {
+			f.attrs = b.attrs
+			f.attrs.mtime = 0 // the content is new
+		}
 	}
 	v := m.nextVer()
 	m.store[f.path] = &mblob{kind: kFile, data: bytes.Clone(f.spill), ver: v, attrs: f.attrs}
 	f.base, f.dirty, f.pending, f.conflicted = v, false, false, false
+	f.seen, f.attrsChanged = bytes.Clone(f.spill), false
 	return 0
 }
 
@@ -544,14 +574,14 @@ type attrOp struct {
 
 // setAttr applies a chmod, chown or utime of p (or of h's file) through
 // mnt. defaults are the attributes mnt shows for a blob that stores none.
-func (m *model) setAttr(mnt int, p string, h *mhandle, op attrOp, defaults mattrs) (syscall.Errno, bool) {
+func (m *model) setAttr(mnt int, p string, h *mhandle, op attrOp, defaults mattrs) syscall.Errno {
 	var f *mfile
 	if h != nil {
 		f = h.f
 	} else {
 		switch m.view(mnt, p) {
 		case kNone:
-			return syscall.ENOENT, false
+			return syscall.ENOENT
 		case kDir:
 			panic("attributes of directories are not generated")
 		}
@@ -561,7 +591,7 @@ func (m *model) setAttr(mnt int, p string, h *mhandle, op attrOp, defaults mattr
 		// Removed by another writer: setattr fails when it looks the
 		// blob up, which it does unless the attributes are known (and
 		// then a change to what they are already is no change).
-		return errENOENTOrOK, false
+		return errENOENTOrOK
 	}
 	if f != nil && !f.hasSpill && !f.pending && !f.unlinked {
 		// setattr looks the blob up first: what another writer set
@@ -585,12 +615,12 @@ func (m *model) setAttr(mnt int, p string, h *mhandle, op attrOp, defaults mattr
 	switch op.kind {
 	case "chmod":
 		if op.perm == shown.perm {
-			return 0, false // nothing to change: blobfs writes nothing
+			return 0 // nothing to change: blobfs writes nothing
 		}
 		next.perm = op.perm
 	case "chown":
 		if op.owner == shown.uid && op.owner == shown.gid {
-			return 0, false
+			return 0
 		}
 		next.perm, next.owned, next.uid, next.gid = shown.perm, true, op.owner, op.owner
 	case "utime":
@@ -604,11 +634,9 @@ func (m *model) setAttr(mnt int, p string, h *mhandle, op attrOp, defaults mattr
 		nb := *b
 		nb.attrs, nb.ver = next, m.nextVer()
 		m.store[p] = &nb
-		return 0, false
+		return 0
 	}
-	if knownDefectAttrBeforeWrite && f.writers > 0 && !f.hasSpill && !f.unlinked {
-		return 0, true // skipped: issue 38 defect 1
-	}
+	f.attrsChanged = true
 	switch {
 	case f.dirty && f.hasSpill && !f.unlinked:
 		f.attrs = next // with the next commit
@@ -617,7 +645,7 @@ func (m *model) setAttr(mnt int, p string, h *mhandle, op attrOp, defaults mattr
 	case !f.hasSpill:
 		b := m.store[f.path]
 		if b == nil {
-			return syscall.ENOENT, false
+			return syscall.ENOENT
 		}
 		nb := *b
 		nb.attrs, nb.ver = next, m.nextVer()
@@ -629,10 +657,10 @@ func (m *model) setAttr(mnt int, p string, h *mhandle, op attrOp, defaults mattr
 	default: // a spill, all committed: conditional on it
 		b := m.store[f.path]
 		if b == nil {
-			return syscall.ENOENT, false
+			return syscall.ENOENT
 		}
 		if b.ver != f.base {
-			return syscall.ESTALE, false
+			return syscall.ESTALE
 		}
 		nb := *b
 		nb.attrs, nb.ver = next, m.nextVer()
@@ -640,7 +668,7 @@ func (m *model) setAttr(mnt int, p string, h *mhandle, op attrOp, defaults mattr
 		f.base = nb.ver
 		f.attrs = next
 	}
-	return 0, false
+	return 0
 }
 
 // renameFile renames file src to dst through mnt.

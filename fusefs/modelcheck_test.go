@@ -484,10 +484,7 @@ func (c *checker) AttrFd(t *rapid.T) {
 	s := c.drawSlot(true)
 	h := c.slots[s]
 	op := c.drawAttr()
-	want, skip := c.m.setAttr(s/2, "", h.m, op, c.h.defaults)
-	if skip {
-		t.Skip("knownDefectAttrBeforeWrite")
-	}
+	want := c.m.setAttr(s/2, "", h.m, op, c.h.defaults)
 	c.expect(fmt.Sprintf("%s f%s (%s)", slotName(s), op, h.m.desc), applyAttr(h.f, "", op), want)
 }
 
@@ -496,10 +493,7 @@ func (c *checker) AttrPath(t *rapid.T) {
 	mnt := c.drawMount()
 	p := rapid.SampledFrom(modelFiles).Draw(t, "path")
 	op := c.drawAttr()
-	want, skip := c.m.setAttr(mnt, p, nil, op, c.h.defaults)
-	if skip {
-		t.Skip("knownDefectAttrBeforeWrite")
-	}
+	want := c.m.setAttr(mnt, p, nil, op, c.h.defaults)
 	c.expect(fmt.Sprintf("%s %s %s", mountName(mnt), op, p), applyAttr(nil, c.path(mnt, p), op), want)
 }
 

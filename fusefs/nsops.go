@@ -482,6 +482,19 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 		return toStatus(err)
 	}
 	fs.crashPoint("rename", "store", oldName)
+	if dst != nil && dst != src {
+		// A file the rename replaced lives on for its open handles,
+		// without a name: nothing of it is uploaded (as for unlink).
+		fs.mu.Lock()
+		dof := dst.file
+		fs.mu.Unlock()
+		if dof != nil {
+			dof.mu.Lock()
+			dof.unlinked = true
+			dof.recordLocked(false)
+			dof.mu.Unlock()
+		}
+	}
 
 	fs.mu.Lock()
 	now := time.Now()

@@ -489,7 +489,21 @@ func (of *openFile) commit(ctx context.Context) error {
 		if stream != nil {
 			stream.abandon()
 		}
-		return nil // unlinked meanwhile
+		of.mu.Lock()
+		unlinked := of.unlinked
+		if !unlinked {
+			// Not unlinked or replaced through this mount, yet without
+			// a name: its directory was removed, after another writer
+			// deleted the blob (rmdir found the directory empty). Its
+			// data is not dropped in silence: a conflict, kept in
+			// lost+found.
+			of.commitErr = errNameLost
+		}
+		of.mu.Unlock()
+		if unlinked {
+			return nil
+		}
+		return fmt.Errorf("upload %q: %w", of.n.name, errNameLost)
 	}
 	var (
 		attrs blobstore.Attrs
@@ -583,6 +597,11 @@ func (of *openFile) commit(ctx context.Context) error {
 	of.fs.committed(of.n, path, attrs, size)
 	return nil
 }
+
+// errNameLost: a file with changes lost its name without being unlinked
+// through this mount (its blob deleted by another writer, then its
+// directory removed). A conflict: ESTALE, the data kept in lost+found.
+var errNameLost = fmt.Errorf("the file's directory was removed after its blob was deleted by another writer: %w", blobstore.ErrPreconditionFailed)
 
 // seenContent is what a commit's condition stands for: the content of
 // the blob as the spill file loaded it, or as the writers saw it at open.
