@@ -146,7 +146,7 @@ type mfile struct {
 	// attrsChanged: this mount changed the file's attributes since its
 	// last commit (those win over another client's then).
 	attrsChanged bool
-	pending bool // created by this mount and never committed
+	pending      bool // created by this mount and never committed
 	// unlinked: removed (or replaced by a rename) through this mount
 	// while open; nothing of it is uploaded.
 	unlinked   bool
