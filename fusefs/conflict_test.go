@@ -602,3 +602,49 @@ func TestOtherMetadataChangeIsNoConflict(t *testing.T) {
 		}
 	})
 }
+
+// TestRenameDoesNotAdoptOtherVersion: a file open in mount B, its changes
+// committed, is rewritten by another writer; B then renames it (or its
+// directory) and writes again. The rename copies the other writer's
+// version: B's next commit must fail (ESTALE, its data in lost+found)
+// rather than take that copy for its own base and write over it. (Found
+// by the model-based checker: a silent lost update.)
+func TestRenameDoesNotAdoptOtherVersion(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
+		mntA, _ := mountStore(t, s, conflictMountOptions)
+		optsB := conflictMountOptions
+		optsB.CacheDir = t.TempDir()
+		mntB, _ := mountStore(t, s, optsB)
+		for i, c := range []struct {
+			name     string
+			from, to string // what B renames, and the file's name after
+			file     string
+		}{
+			{"file", "f1", "g1", "f1"},
+			{"directory", "d2", "e2", "d2/f"},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				putBlob(t, s, c.file, []byte("old content\n"), nil)
+				f := mustOpen(t, join(mntB, c.file), os.O_RDWR)
+				mustWriteHandle(t, f, []byte("B's"))
+				if err := f.Sync(); err != nil {
+					t.Fatalf("fsync: %v", err)
+				}
+				other := []byte(fmt.Sprintf("another writer's content %d\n", i))
+				if err := writeAndClose(join(mntA, c.file), os.O_WRONLY|os.O_TRUNC, other); err != nil {
+					t.Fatalf("the other writer: %v", err)
+				}
+				if err := os.Rename(join(mntB, c.from), join(mntB, c.to)); err != nil {
+					t.Fatalf("rename: %v", err)
+				}
+				mustWriteHandle(t, f, []byte(" second write"))
+				wantErrno(t, f.Close(), syscall.ESTALE)
+				moved := c.to + strings.TrimPrefix(c.file, c.from)
+				wantBlob(t, s, moved, other)
+				if kept := waitLostFound(t, optsB.CacheDir, filepath.Base(moved)); !bytes.Contains(kept, []byte(" second write")) {
+					t.Errorf("lost+found holds %q, want B's second write in it", kept)
+				}
+			})
+		}
+	})
+}

@@ -72,20 +72,6 @@ const knownDefectWriteAfterUnlink = true
 // what to settle next. With the switch on, such an open is not generated.
 const knownIssueCreateOverHeldFile = true
 
-// knownDefectRenameAdoptsOtherVersion skips the pattern of issue 38's
-// defect 2 (TODO(issue 38, defect 2): remove once fixed): a file open in a
-// mount with a spill file and nothing unsaved (written and committed, or
-// its attributes set) is changed by another writer; a rename of it (or
-// of its directory) through that mount copies the other writer's
-// version, and followCopy makes that copy the base of the next commit
-// (baseETag is replaced whenever it is set, unlike openETag, which
-// follows only the version this mount knew). The next write and close
-// then commit the mount's old content plus the write over the other
-// writer's version without a conflict: a silent lost update. The model
-// says that commit fails with ESTALE. With the switch on, the checker does
-// not generate such a rename.
-const knownDefectRenameAdoptsOtherVersion = true
-
 // errSkip: the operation falls in a known-issue pattern; the action skips.
 const errSkip = syscall.Errno(0xfffe)
 
@@ -149,7 +135,11 @@ type mfile struct {
 	pending      bool // created by this mount and never committed
 	// unlinked: removed (or replaced by a rename) through this mount
 	// while open; nothing of it is uploaded.
-	unlinked   bool
+	unlinked bool
+	// nameLost: its name went with a directory a rename replaced (the
+	// store had no blob of it any more); unlike an unlinked file, its
+	// unsaved changes are a conflict (ESTALE, lost+found), not dropped.
+	nameLost   bool
 	conflicted bool
 	attrs      mattrs
 }
@@ -490,6 +480,10 @@ func (m *model) readAllowed(h *mhandle) (allowed [][]byte, mayFail bool) {
 // commit uploads f if it has changes: at close and fsync of any of its
 // mount's handles.
 func (m *model) commit(f *mfile) syscall.Errno {
+	if f.nameLost && f.dirty {
+		f.conflicted = true
+		return syscall.ESTALE
+	}
 	if !f.dirty || f.unlinked {
 		return 0
 	}
@@ -535,7 +529,7 @@ func (m *model) close(h *mhandle) syscall.Errno {
 // release: the last handle went. What could not be committed for a
 // conflict is kept in lost+found.
 func (m *model) release(f *mfile) {
-	if f.dirty && !f.unlinked && m.commit(f) != 0 {
+	if f.dirty && (!f.unlinked || f.nameLost) && m.commit(f) != 0 {
 		m.lost[f.mount] = append(m.lost[f.mount], bytes.Clone(f.spill))
 	}
 	m.files = slices.DeleteFunc(m.files, func(g *mfile) bool { return g == f })
@@ -672,27 +666,24 @@ func (m *model) setAttr(mnt int, p string, h *mhandle, op attrOp, defaults mattr
 }
 
 // renameFile renames file src to dst through mnt.
-func (m *model) renameFile(mnt int, src, dst string) (syscall.Errno, bool) {
+func (m *model) renameFile(mnt int, src, dst string) syscall.Errno {
 	if m.view(mnt, src) == kNone {
-		return syscall.ENOENT, false
+		return syscall.ENOENT
 	}
 	if e := m.parentErr(mnt, dst); e != 0 {
-		return e, false
+		return e
 	}
 	if src == dst {
-		return 0, false
+		return 0
 	}
 	if m.view(mnt, dst) == kDir {
-		return syscall.EISDIR, false
+		return syscall.EISDIR
 	}
 	sf := m.mountFile(mnt, src)
-	if knownDefectRenameAdoptsOtherVersion && sf != nil && m.adoptsOtherVersion(sf) {
-		return 0, true
-	}
 	if sf != nil {
 		// Its changes are committed first, then the blob is copied.
 		if e := m.commit(sf); e != 0 {
-			return renameCommitErrno(sf, e), false
+			return renameCommitErrno(sf, e)
 		}
 	}
 	if df := m.mountFile(mnt, dst); df != nil {
@@ -711,7 +702,7 @@ func (m *model) renameFile(mnt int, src, dst string) (syscall.Errno, bool) {
 		}
 	}
 	m.keepDir(parentOf(src))
-	return 0, false
+	return 0
 }
 
 // renameCommitErrno is the errno of a rename whose commit of an open file
@@ -723,44 +714,40 @@ func renameCommitErrno(f *mfile, e syscall.Errno) syscall.Errno {
 	return e
 }
 
-// adoptsOtherVersion: f holds a spill file with nothing unsaved, and
-// another writer changed its blob since this mount committed or loaded
-// it (defect 2's pattern).
-func (m *model) adoptsOtherVersion(f *mfile) bool {
-	return f.hasSpill && !f.dirty && !f.unlinked && m.curVer(f.path) != f.base
-}
-
 // renameDir renames directory src to dst through mnt: every blob under it
 // is copied.
-func (m *model) renameDir(mnt int, src, dst string) (syscall.Errno, bool) {
+func (m *model) renameDir(mnt int, src, dst string) syscall.Errno {
 	if m.view(mnt, src) == kNone {
-		return syscall.ENOENT, false
+		return syscall.ENOENT
 	}
 	if src == dst {
-		return 0, false
+		return 0
 	}
 	switch m.view(mnt, dst) {
 	case kDir:
 		if !m.dirEmpty(mnt, dst) {
-			return syscall.ENOTEMPTY, false
+			return syscall.ENOTEMPTY
 		}
 	case kNone:
 	default:
-		return syscall.ENOTDIR, false
-	}
-	for _, f := range m.files {
-		if knownDefectRenameAdoptsOtherVersion && f.mount == mnt && strings.HasPrefix(f.path, src+"/") && m.adoptsOtherVersion(f) {
-			return 0, true
-		}
+		return syscall.ENOTDIR
 	}
 	for _, f := range slices.Clone(m.files) {
 		if f.mount == mnt && !f.unlinked && strings.HasPrefix(f.path, src+"/") {
 			if e := m.commit(f); e != 0 {
-				return renameCommitErrno(f, e), false
+				return renameCommitErrno(f, e)
 			}
 		}
 	}
 	delete(m.store, dst)
+	for _, f := range m.files {
+		// A file this mount holds open below the directory the rename
+		// replaces (the store no longer has its blob, or the directory
+		// would not be empty) loses its name with it.
+		if f.mount == mnt && !f.unlinked && strings.HasPrefix(f.path, dst+"/") {
+			f.unlinked, f.nameLost = true, true
+		}
+	}
 	moved := map[string][2]int{} // new name: old and new version
 	for name, b := range m.store {
 		if name == src || strings.HasPrefix(name, src+"/") {
@@ -783,7 +770,7 @@ func (m *model) renameDir(mnt int, src, dst string) (syscall.Errno, bool) {
 			}
 		}
 	}
-	return 0, false
+	return 0
 }
 
 func (m *model) unlink(mnt int, p string) syscall.Errno {

@@ -502,10 +502,7 @@ func (c *checker) RenameFile(t *rapid.T) {
 	mnt := c.drawMount()
 	src := rapid.SampledFrom(modelFiles).Draw(t, "src")
 	dst := rapid.SampledFrom(modelFiles).Draw(t, "dst")
-	want, skip := c.m.renameFile(mnt, src, dst)
-	if skip {
-		t.Skip("knownDefectRenameAdoptsOtherVersion")
-	}
+	want := c.m.renameFile(mnt, src, dst)
 	c.expect(fmt.Sprintf("%s rename %s %s", mountName(mnt), src, dst), syscall.Rename(c.path(mnt, src), c.path(mnt, dst)), want)
 }
 
@@ -514,10 +511,7 @@ func (c *checker) RenameDir(t *rapid.T) {
 	mnt := c.drawMount()
 	src := rapid.SampledFrom(modelDirs).Draw(t, "src")
 	dst := rapid.SampledFrom(modelDirs).Draw(t, "dst")
-	want, skip := c.m.renameDir(mnt, src, dst)
-	if skip {
-		t.Skip("knownDefectRenameAdoptsOtherVersion")
-	}
+	want := c.m.renameDir(mnt, src, dst)
 	c.expect(fmt.Sprintf("%s rename %s/ %s/", mountName(mnt), src, dst), syscall.Rename(c.path(mnt, src), c.path(mnt, dst)), want)
 }
 

@@ -556,6 +556,14 @@ func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string, 
 	// cache directory finish the move (renamerecord.go).
 	record := fs.recordRename(srcPath, dstPath)
 	defer renameDone(record)
+	srcETag := ""
+	if of != nil && of.needsSourceETag() {
+		// What the Copy will copy, for the open file's condition
+		// (followCopy): its content cannot tell.
+		if a, err := fs.store.Stat(ctx, srcPath); err == nil {
+			srcETag = a.ETag
+		}
+	}
 	a, err := fs.store.Copy(ctx, dstPath, srcPath)
 	if resent && errors.Is(err, blobstore.ErrNotFound) {
 		// The source was there when this run resolved it (through a
@@ -571,28 +579,43 @@ func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string, 
 	if err := fs.store.Delete(ctx, srcPath, blobstore.Conditions{}); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
 		return err
 	}
-	fs.followCopy(n, of, a.ETag)
+	fs.followCopy(n, of, a, srcETag)
 	return nil
 }
 
 // followCopy gives a node whose blob a rename copied the copy's ETag, and
-// carries the condition of its open file's next commit to the new name.
-// An ETag seen at open that is not the one this mount knew moved is left
-// as it is: the commit then fails, as it would have under the old name.
-func (fs *FS) followCopy(n *node, of *openFile, etag string) {
+// carries the condition of its open file's next commit to the new name,
+// but only when the copy is of the version that condition stands for: the
+// copy's content is the one the condition saw (Content-MD5 and size), or,
+// where that is unknown, srcETag (the source's ETag just before the Copy,
+// "" if not known) is the condition's. Another writer's version copied
+// leaves the condition as it is: the next commit fails (ESTALE), as it
+// would have under the old name, instead of writing over that version.
+func (fs *FS) followCopy(n *node, of *openFile, copied blobstore.Attrs, srcETag string) {
 	fs.mu.Lock()
-	moved := n.etag
-	n.etag = etag
+	n.etag = copied.ETag
 	fs.mu.Unlock()
 	if of == nil {
 		return
 	}
 	of.mu.Lock()
 	defer of.mu.Unlock()
+	cond := of.conditionsLocked()
+	if cond.IfMatch == "" {
+		return // none, or that there is no blob: nothing to carry
+	}
+	seen, _ := of.seenContentLocked()
+	same := srcETag != "" && srcETag == cond.IfMatch
+	if seen.sum.known() {
+		same = sumOf(copied.ContentMD5) == seen.sum && copied.Size == seen.size
+	}
+	if !same {
+		return
+	}
 	if of.baseETag != "" {
-		of.baseETag = etag
-	} else if of.openETag != "" && of.openETag == moved {
-		of.openETag = etag
+		of.baseETag = copied.ETag
+	} else {
+		of.openETag = copied.ETag
 	}
 }
 
@@ -655,6 +678,7 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 		}
 	}
 	var names []string
+	listed := map[string]string{} // the sources' ETags, by name
 	opts := blobstore.ListOptions{Prefix: srcPath + "/"}
 	for {
 		page, err := fs.store.List(ctx, opts)
@@ -663,6 +687,7 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 		}
 		for _, b := range page.Blobs {
 			names = append(names, b.Name)
+			listed[b.Name] = b.ETag
 		}
 		if page.NextMarker == "" {
 			break
@@ -677,7 +702,7 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 	}
 	// The copies' ETags, by old name: open files below follow them.
 	var copiedMu sync.Mutex
-	copied := make(map[string]string, len(names))
+	copied := make(map[string]blobstore.Attrs, len(names))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(renameConcurrency)
 	for _, name := range names {
@@ -691,7 +716,7 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 			}
 			if err == nil {
 				copiedMu.Lock()
-				copied[name] = a.ETag
+				copied[name] = a
 				copiedMu.Unlock()
 			}
 			return err
@@ -738,17 +763,18 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 	// Cached attributes of nodes below the old path still describe the
 	// same content; their paths follow the moved directory node.
 	type follower struct {
-		n    *node
-		of   *openFile
-		etag string
+		n      *node
+		of     *openFile
+		copied blobstore.Attrs
+		src    string // the source's ETag in the listing
 	}
 	var followers []follower
 	fs.mu.Lock()
 	now := time.Now()
 	for _, d := range fs.nodes.descendants(srcPath) {
 		if p, ok := fs.nodes.path(d); ok {
-			if etag, ok := copied[p]; ok {
-				followers = append(followers, follower{d, d.file, etag})
+			if a, ok := copied[p]; ok {
+				followers = append(followers, follower{d, d.file, a, listed[p]})
 				continue
 			}
 		}
@@ -756,7 +782,7 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 	}
 	fs.mu.Unlock()
 	for _, f := range followers {
-		fs.followCopy(f.n, f.of, f.etag)
+		fs.followCopy(f.n, f.of, f.copied, f.src)
 	}
 	return nil
 }

@@ -625,6 +625,16 @@ func (of *openFile) seenContentLocked() (seenContent, bool) {
 	return seenContent{}, of.attrsChanged
 }
 
+// needsSourceETag tells whether a rename of this file must learn the
+// source's ETag before its Copy for followCopy: the condition stands for a
+// version whose content is not known.
+func (of *openFile) needsSourceETag() bool {
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	seen, _ := of.seenContentLocked()
+	return of.conditionsLocked().IfMatch != "" && !seen.sum.known()
+}
+
 // sameContent tells whether the blob at path holds the content seen,
 // under whatever ETag and metadata: a change of metadata alone. Only a
 // Content-MD5 tells; a blob without one is never the same.
