@@ -48,6 +48,14 @@ type readRequests struct {
 // request and its interrupt can be read by two readers in either order.
 const earlyFor = 10 * time.Second
 
+// earlyPrune and earlyMax bound the early interrupts kept: past earlyPrune
+// the stale ones go, past earlyMax all (a request registered after its
+// interrupt is then answered when it ends, as before).
+const (
+	earlyPrune = 256
+	earlyMax   = 4096
+)
+
 type readRequest struct {
 	pid      uint32
 	ctx      context.Context // ends with the request
@@ -106,9 +114,17 @@ func (fs *FS) interrupt(unique uint64) {
 	if r.early == nil {
 		r.early = map[uint64]time.Time{}
 	}
-	for u, at := range r.early {
-		if now.Sub(at) > earlyFor {
-			delete(r.early, u)
+	if len(r.early) >= earlyPrune {
+		// A Go caller's SIGURGs interrupt its changes many times a
+		// second: old entries go in one pass now and then, not a pass
+		// per interrupt.
+		for u, at := range r.early {
+			if now.Sub(at) > earlyFor {
+				delete(r.early, u)
+			}
+		}
+		if len(r.early) >= earlyMax {
+			clear(r.early)
 		}
 	}
 	r.early[unique] = now
