@@ -19,7 +19,8 @@ import (
 // identityOnly is a driver that answers the Identity service only.
 type identityOnly struct {
 	csipb.UnimplementedIdentityServer
-	ready atomic.Bool
+	ready  atomic.Bool
+	probes atomic.Int64 // Probes answered
 }
 
 func (d *identityOnly) GetPluginInfo(context.Context, *csipb.GetPluginInfoRequest) (*csipb.GetPluginInfoResponse, error) {
@@ -27,6 +28,7 @@ func (d *identityOnly) GetPluginInfo(context.Context, *csipb.GetPluginInfoReques
 }
 
 func (d *identityOnly) Probe(context.Context, *csipb.ProbeRequest) (*csipb.ProbeResponse, error) {
+	defer d.probes.Add(1)
 	return &csipb.ProbeResponse{Ready: wrapperspb.Bool(d.ready.Load())}, nil
 }
 
@@ -78,7 +80,10 @@ func TestRegistrar(t *testing.T) {
 	go func() { done <- r.Run(ctx) }()
 
 	exists := func() bool { _, err := os.Stat(regSock); return err == nil }
-	time.Sleep(200 * time.Millisecond)
+	// Once a third Probe is answered "not ready", the registrar has
+	// finished two rounds with that answer, in which it must not have
+	// offered registration (a registrar that did stops probing).
+	waitFor(t, "the registrar's third Probe", func() bool { return drv.probes.Load() >= 3 || exists() })
 	if exists() {
 		t.Fatal("registration offered while the driver's Probe says not ready")
 	}

@@ -3,6 +3,8 @@ package fusefs
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -72,6 +74,10 @@ func serveChild() error {
 		delay, _ := time.ParseDuration(os.Getenv("BLOBFS_TEST_LIST_DELAY"))
 		store = &pagedStore{Store: store, page: page, delay: delay}
 	}
+	// Requests held in this process until it is killed.
+	if reads, lists := os.Getenv("BLOBFS_TEST_HOLD_READS"), os.Getenv("BLOBFS_TEST_HOLD_LISTS"); reads != "" || lists != "" {
+		store = &heldStore{Store: store, reads: reads, lists: lists}
+	}
 	opts := Options{
 		State:     os.NewFile(4, "state"),
 		CacheDir:  os.Getenv("BLOBFS_TEST_CACHE"),
@@ -95,7 +101,67 @@ func serveChild() error {
 		return err
 	}
 	fmt.Println("ready")
+	go answerHandles(fsys)
 	return sess.Wait()
+}
+
+// heldStore never answers a ReadAt (when reads is set) or a List (when
+// lists is set): it creates the file the field names and waits for the
+// request's end. A test that sees the file knows that a request is in the
+// serving process, waiting on the store, and stays there until the
+// process is killed, however slowly the machine runs.
+type heldStore struct {
+	blobstore.Store
+	reads, lists string
+}
+
+func (s *heldStore) hold(ctx context.Context, marker string) error {
+	if f, err := os.Create(marker); err == nil {
+		f.Close()
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (s *heldStore) ReadAt(ctx context.Context, name string, p []byte, off int64, etag string) (int, error) {
+	if s.reads != "" {
+		return 0, s.hold(ctx, s.reads)
+	}
+	return s.Store.ReadAt(ctx, name, p, off, etag)
+}
+
+func (s *heldStore) List(ctx context.Context, opts blobstore.ListOptions) (blobstore.ListPage, error) {
+	if s.lists != "" {
+		return blobstore.ListPage{}, s.hold(ctx, s.lists)
+	}
+	return s.Store.List(ctx, opts)
+}
+
+// serverHandles is what a serving process says of its handles
+// (restartHarness.handles): those open now, by io mode, and the
+// passthrough opens so far.
+type serverHandles struct {
+	Cached, Passthrough int
+	PassthroughOpens    int64
+}
+
+// answerHandles answers each line on stdin (the launcher's "handles")
+// with the serving process's serverHandles, as JSON on one line: the
+// RELEASE of a closed file is an event the test cannot see otherwise.
+func answerHandles(fsys *FS) {
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		var a serverHandles
+		fsys.mu.Lock()
+		for _, n := range fsys.nodes.byID {
+			a.Cached += n.io.cached
+			a.Passthrough += n.io.passthrough
+		}
+		fsys.mu.Unlock()
+		a.PassthroughOpens = fsys.Stats().PassthroughOpens
+		b, _ := json.Marshal(a)
+		fmt.Println(string(b))
+	}
 }
 
 // crashFromEnv makes a serving child kill itself where BLOBFS_TEST_CRASH
@@ -127,7 +193,8 @@ func childLogger() *slog.Logger {
 // launcher holds the mount's descriptor and state region (fds 3 and 4) and
 // starts and kills serving processes on command (on stdin: "start", with
 // extra environment variables as further words; "kill"; "wait" for the
-// serving process to exit by itself; it answers "ok" or an error line). It
+// serving process to exit by itself; "handles", which the serving process
+// answers; it answers "ok", with the answer if any, or an error line). It
 // is what a keeper does, minus the socket. It must be a process of its own
 // that never opens a file on the mount: fork+exec closes the parent's
 // descriptors in the child, and closing a FUSE file sends FLUSH, which
@@ -135,8 +202,10 @@ func childLogger() *slog.Logger {
 // open files wait for.
 func launcher() error {
 	var (
-		server *exec.Cmd
-		exited chan struct{} // closed when server has exited
+		server    *exec.Cmd
+		serverIn  io.WriteCloser // server's stdin
+		serverOut *bufio.Reader  // server's stdout
+		exited    chan struct{}  // closed when server has exited
 	)
 	// One *os.File each for the whole run: os.NewFile's finalizer closes
 	// the descriptor when the File is collected, and a later pipe would
@@ -161,18 +230,23 @@ func launcher() error {
 			if err != nil {
 				return err
 			}
+			in, err := cmd.StdinPipe()
+			if err != nil {
+				return err
+			}
 			if err := cmd.Start(); err != nil {
 				fmt.Println("error", err)
 				continue
 			}
-			line, _ := bufio.NewReader(out).ReadString('\n')
+			outReader := bufio.NewReader(out)
+			line, _ := outReader.ReadString('\n')
 			if strings.TrimSpace(line) != "ready" {
 				cmd.Process.Kill()
 				cmd.Wait()
 				fmt.Printf("error serving process did not start: %q\n", line)
 				continue
 			}
-			server = cmd
+			server, serverIn, serverOut = cmd, in, outReader
 			exited = make(chan struct{})
 			go func(done chan struct{}) {
 				cmd.Wait()
@@ -186,6 +260,18 @@ func launcher() error {
 				server = nil
 			}
 			fmt.Println("ok")
+		case "handles":
+			if server == nil {
+				fmt.Println("error no serving process")
+				continue
+			}
+			fmt.Fprintln(serverIn, "handles")
+			line, err := serverOut.ReadString('\n')
+			if err != nil {
+				fmt.Println("error the serving process did not answer:", err)
+				continue
+			}
+			fmt.Println("ok", strings.TrimSpace(line))
 		case "wait":
 			if server == nil {
 				fmt.Println("error no serving process")
@@ -297,6 +383,19 @@ func (h *restartHarness) waitExit() {
 // kill SIGKILLs the serving process.
 func (h *restartHarness) kill() { h.command("kill") }
 
+// handles asks the serving process for its handles.
+func (h *restartHarness) handles() serverHandles {
+	h.t.Helper()
+	fmt.Fprintln(h.cmds, "handles")
+	line, err := h.answers.ReadString('\n')
+	answer, ok := strings.CutPrefix(strings.TrimSpace(line), "ok ")
+	var a serverHandles
+	if !ok || json.Unmarshal([]byte(answer), &a) != nil {
+		h.t.Fatalf("launcher handles: %q %v", line, err)
+	}
+	return a
+}
+
 // TestServerKilledMountSurvives: the serving process is killed again and
 // again while an application reads a file and writes another through open
 // descriptors; every operation succeeds (it waits while no one serves) and
@@ -407,15 +506,17 @@ func TestServerKilledMountSurvives(t *testing.T) {
 }
 
 // TestServerKilledMidRequest: the server is killed while it holds a READ it
-// has taken from the kernel and not answered (the store answers slowly).
-// The kernel queues the READ again for the next server (FUSE_NOTIFY_RESEND),
-// and the application gets its bytes.
+// has taken from the kernel and not answered (the store has not answered
+// it). The kernel queues the READ again for the next server
+// (FUSE_NOTIFY_RESEND), and the application gets its bytes.
 func TestServerKilledMidRequest(t *testing.T) {
-	h := newRestartHarness(t, "BLOBFS_TEST_LATENCY=400ms")
+	h := newRestartHarness(t)
 	data := pattern(3<<20, 21)
 	local := h.localStore()
 	putBlob(t, local, "slow", data, nil)
-	h.start()
+	// This server's store never answers a read, and says when one came.
+	held := join(t.TempDir(), "read")
+	h.start("BLOBFS_TEST_HOLD_READS=" + held)
 	f, err := os.Open(join(h.mnt, "slow"))
 	if err != nil {
 		t.Fatal(err)
@@ -434,12 +535,19 @@ func TestServerKilledMidRequest(t *testing.T) {
 		}
 		got <- err
 	}()
-	time.Sleep(150 * time.Millisecond) // the READ is in the server, waiting on the store
+	// Nothing else reads: the read in the server is the READ's.
+	waitFor(t, "the READ in the server, waiting on the store", func() bool {
+		_, err := os.Stat(held)
+		return err == nil
+	})
 	h.kill()
+	// The READ cannot have been answered: the only server that had it
+	// never had its bytes. A read that failed instead (the kernel
+	// dropping the request with its server) fails below.
 	select {
 	case err := <-got:
 		t.Fatalf("read finished while no server ran: %v", err)
-	case <-time.After(200 * time.Millisecond):
+	default:
 	}
 	h.start()
 	select {

@@ -495,43 +495,37 @@ func TestPassthroughAcrossServerKill(t *testing.T) {
 	path := join(h.mnt, "data")
 	readAll(t, path, data) // now whole in the disk cache
 	// The first handle's RELEASE follows its close: until the server has
-	// it, a new open is not passthrough (passthrough.go). So: try again.
-	var r1 *os.File
-	for attempt := 1; ; attempt++ {
-		time.Sleep(300 * time.Millisecond)
-		f, err := os.Open(path)
+	// it, a new open is not passthrough (passthrough.go).
+	waitFor(t, "the server to have the first handle's RELEASE", func() bool { return h.handles().Cached == 0 })
+	r1, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.handles(); got.Passthrough != 1 {
+		r1.Close()
+		t.Fatalf("an open of a file whole in the disk cache: %+v, want one passthrough handle (kernel %s)", got, kernelRelease())
+	}
+	h.kill()
+	// No server: only a passthrough handle can read now, and it must.
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, len(data))
+		n, err := r1.ReadAt(buf, 0)
+		if err == nil && !bytes.Equal(buf[:n], data) {
+			err = io.ErrUnexpectedEOF
+		}
+		unix_fadviseDontNeed(r1)
+		done <- err
+	}()
+	select {
+	case err := <-done:
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("read through the passthrough handle with no server: %v", err)
 		}
-		h.kill()
-		// No server: only a passthrough handle can read now.
-		done := make(chan error, 1)
-		go func() {
-			buf := make([]byte, len(data))
-			n, err := f.ReadAt(buf, 0)
-			if err == nil && !bytes.Equal(buf[:n], data) {
-				err = io.ErrUnexpectedEOF
-			}
-			unix_fadviseDontNeed(f)
-			done <- err
-		}()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("read through the passthrough handle with no server: %v", err)
-			}
-			r1 = f
-		case <-time.After(5 * time.Second):
-			h.start() // the read goes on
-			<-done
-			f.Close()
-			if attempt == 3 {
-				t.Fatal("three times, the read waited for a server: the handle is not passthrough")
-			}
-			t.Logf("attempt %d: the handle was not passthrough; again", attempt)
-			continue
-		}
-		break
+	case <-time.After(time.Minute):
+		h.start() // the read goes on
+		<-done
+		t.Fatal("the read through a passthrough handle waited for a server")
 	}
 	defer r1.Close()
 
@@ -569,7 +563,7 @@ func TestResentOpenGetsItsHandle(t *testing.T) {
 	// dies before its reply.
 	h.start("BLOBFS_TEST_CRASH=open/reply/data", "BLOBFS_TEST_CRASH_AFTER=1")
 	readAll(t, path, old)
-	time.Sleep(300 * time.Millisecond) // the RELEASE of that open
+	waitFor(t, "the server to have the first open's RELEASE", func() bool { return h.handles().Cached == 0 })
 	opened := make(chan *os.File, 1)
 	go func() {
 		f, err := os.Open(path)
@@ -596,7 +590,12 @@ func TestResentOpenGetsItsHandle(t *testing.T) {
 	f.Close()
 
 	// The blob changes; once every handle is released, an open sees it.
-	time.Sleep(300 * time.Millisecond)
+	// A handle of the dead server's that the resent open did not take
+	// over is never released.
+	waitFor(t, "every handle released, the journaled one included", func() bool {
+		got := h.handles()
+		return got.Cached == 0 && got.Passthrough == 0
+	})
 	putBlob(t, h.localStore(), "data", next, nil)
 	deadline := time.Now().Add(10 * time.Second)
 	for {

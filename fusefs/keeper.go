@@ -438,6 +438,7 @@ func (k *Keeper) releasedLocked(kc *keeperConn) {
 	if k.owner == kc {
 		k.owner = nil
 		k.unservedSince = time.Now()
+		k.log.Info("mounts unserved: their server released them or is gone", "mounts", len(k.mounts), "pid", kc.pid)
 		k.cond.Broadcast()
 	}
 }

@@ -32,6 +32,9 @@ import (
 type listCache struct {
 	ttl        time.Duration
 	maxEntries int
+	// now is the clock listings expire by: time.Now, or a test's own
+	// (the walks' waits on timers keep real time).
+	now func() time.Time
 
 	mu    sync.Mutex
 	dirs  map[string]*listing // guarded by mu
@@ -91,7 +94,7 @@ const maxFetchChanges = 100_000
 func (c *listCache) beginFetch(dir string) *listFetch {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	f := &listFetch{dir: dir, start: time.Now()}
+	f := &listFetch{dir: dir, start: c.now()}
 	c.fetching[dir] = append(c.fetching[dir], f)
 	return f
 }
@@ -136,7 +139,7 @@ func (c *listCache) putFetched(entries map[string]*dirEntry, f *listFetch) bool 
 			entries[ch.name] = ch.e
 		}
 	}
-	return c.putLocked(f.dir, copyEntries(entries), time.Since(f.start), "")
+	return c.putLocked(f.dir, copyEntries(entries), c.now().Sub(f.start), "")
 }
 
 // putPartialFetched is putFetched for the first page of a directory that
@@ -162,7 +165,7 @@ func (c *listCache) putPartialFetched(entries map[string]*dirEntry, start *passS
 			entries[ch.name] = ch.e
 		}
 	}
-	if !c.putLocked(f.dir, copyEntries(entries), time.Since(f.start), start.merger.last) {
+	if !c.putLocked(f.dir, copyEntries(entries), c.now().Sub(f.start), start.merger.last) {
 		return false
 	}
 	c.dirs[f.dir].resume = start
@@ -195,7 +198,7 @@ func (c *listCache) startPass(dir string) (f *listFetch, start *passStart) {
 	if l != nil && l.pass != nil {
 		return nil, nil
 	}
-	f = &listFetch{dir: dir, start: time.Now()}
+	f = &listFetch{dir: dir, start: c.now()}
 	c.fetching[dir] = append(c.fetching[dir], f)
 	if l != nil && !l.complete && l.resume != nil {
 		// Its entries, as this mount's changes since left them, up
@@ -222,7 +225,7 @@ func (c *listCache) startPass(dir string) (f *listFetch, start *passStart) {
 		l = &listing{entries: map[string]*dirEntry{}}
 		c.dirs[dir] = l
 	}
-	l.pass, l.expiry = f, time.Now().Add(c.ttl)
+	l.pass, l.expiry = f, c.now().Add(c.ttl)
 	f.listing = l
 	return f, start
 }
@@ -237,7 +240,7 @@ func (c *listCache) passFetching(f *listFetch, on bool) {
 	defer c.mu.Unlock()
 	if l := c.passListingLocked(f); l != nil {
 		l.fetching = on
-		l.expiry = time.Now().Add(c.ttl)
+		l.expiry = c.now().Add(c.ttl)
 	}
 }
 
@@ -288,7 +291,7 @@ func (c *listCache) passPage(f *listFetch, items []dirItem, last string) {
 	l.last = last
 	l.fetching = false
 	l.sorted, l.subdirs = nil, 0
-	l.expiry = time.Now().Add(c.ttl)
+	l.expiry = c.now().Add(c.ttl)
 }
 
 // passListed completes f's listing: the store's listing ended, and local
@@ -312,8 +315,8 @@ func (c *listCache) passListed(f *listFetch, local map[string]*dirEntry) {
 	}
 	l.complete, l.last, l.fetching = true, "", false
 	l.sorted, l.subdirs = nil, 0
-	l.took = time.Since(f.start)
-	l.expiry = time.Now().Add(c.ttl)
+	l.took = c.now().Sub(f.start)
+	l.expiry = c.now().Add(c.ttl)
 	c.endFetchLocked(f) // changes now apply to the listing in place
 }
 
@@ -326,7 +329,7 @@ func (c *listCache) touchPass(f *listFetch) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if l := c.passListingLocked(f); l != nil {
-		l.expiry = time.Now().Add(c.ttl)
+		l.expiry = c.now().Add(c.ttl)
 	}
 }
 
@@ -340,7 +343,7 @@ func (c *listCache) endPass(f *listFetch) {
 	defer c.mu.Unlock()
 	if l := c.passListingLocked(f); l != nil {
 		l.pass, l.fetching = nil, false
-		l.expiry = time.Now().Add(c.ttl)
+		l.expiry = c.now().Add(c.ttl)
 	}
 	c.detachPassLocked(f)
 }
@@ -435,7 +438,7 @@ func (c *listCache) markLarge(dir string) {
 	if len(c.large) >= maxLarge {
 		clear(c.large)
 	}
-	c.large[dir] = time.Now().Add(largeMemory)
+	c.large[dir] = c.now().Add(largeMemory)
 }
 
 // worthListing reports whether a whole page of dir is worth fetching for
@@ -449,7 +452,7 @@ func (c *listCache) isLarge(dir string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t, ok := c.large[dir]
-	if ok && time.Now().After(t) {
+	if ok && c.now().After(t) {
 		delete(c.large, dir)
 		return false
 	}
@@ -468,7 +471,7 @@ func (c *listCache) isLarge(dir string) bool {
 func (c *listCache) secondMiss(dir string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	now := time.Now()
+	now := c.now()
 	if t, ok := c.missed[dir]; ok && now.Sub(t) < c.ttl {
 		delete(c.missed, dir)
 		return true
@@ -524,7 +527,7 @@ type dirEntry struct {
 }
 
 func newListCache(ttl time.Duration, maxEntries, walkAhead int) *listCache {
-	c := &listCache{ttl: ttl, maxEntries: maxEntries, dirs: map[string]*listing{}, large: map[string]time.Time{}, missed: map[string]time.Time{},
+	c := &listCache{ttl: ttl, maxEntries: maxEntries, now: time.Now, dirs: map[string]*listing{}, large: map[string]time.Time{}, missed: map[string]time.Time{},
 		fetching: map[string][]*listFetch{}, passed: map[string]time.Time{}, walkAhead: walkAhead}
 	c.cond = sync.NewCond(&c.mu)
 	return c
@@ -538,7 +541,7 @@ func (c *listCache) notePassed(dir string) {
 	if len(c.passed) >= maxLarge {
 		clear(c.passed)
 	}
-	c.passed[dir] = time.Now()
+	c.passed[dir] = c.now()
 }
 
 // ListCacheEntryBytes is what one name of a cached listing costs, on
@@ -639,7 +642,7 @@ func (c *listCache) putLocked(dir string, entries map[string]*dirEntry, took tim
 	if !c.makeRoomLocked(len(entries), nil) {
 		return false
 	}
-	c.dirs[dir] = &listing{expiry: time.Now().Add(c.ttl), entries: entries, took: took, complete: last == "", last: last}
+	c.dirs[dir] = &listing{expiry: c.now().Add(c.ttl), entries: entries, took: took, complete: last == "", last: last}
 	c.countLocked(len(entries))
 	return true
 }
@@ -761,8 +764,8 @@ func (c *listCache) claimRefresh(dir string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
-	if l == nil || !l.complete || l.pass != nil || l.refreshing || time.Until(l.expiry) > c.ttl/4 ||
-		l.keptByWalk(time.Now(), c.ttl) {
+	if l == nil || !l.complete || l.pass != nil || l.refreshing || l.expiry.Sub(c.now()) > c.ttl/4 ||
+		l.keptByWalk(c.now(), c.ttl) {
 		// A walk keeps it as one listing in progress: listing the
 		// directory again would only compete with the walk's pages.
 		return false
@@ -873,7 +876,7 @@ func (c *listCache) freshLocked(dir string) *listing {
 	if l == nil {
 		return nil
 	}
-	if now := time.Now(); now.After(l.expiry) && !l.fetching && !(l.refreshing && now.Before(l.expiry.Add(refreshGrace(c.ttl, l.took)))) &&
+	if now := c.now(); now.After(l.expiry) && !l.fetching && !(l.refreshing && now.Before(l.expiry.Add(refreshGrace(c.ttl, l.took)))) &&
 		!l.keptByWalk(now, c.ttl) {
 		c.dropLocked(dir)
 		return nil

@@ -2,24 +2,57 @@ package fusefs
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
 )
 
+// fakeClock is a clock that moves only when a test says so: a listing's
+// expiry is then tested at its edges, where the real clock, on a loaded
+// machine, oversleeps past them.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// useFakeClock makes the caches tell the time by one new fakeClock.
+func useFakeClock(caches ...*listCache) *fakeClock {
+	clock := &fakeClock{t: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+	for _, c := range caches {
+		c.now = clock.now
+	}
+	return clock
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
 // TestListCacheRefreshAhead: a listing in the last quarter of its life is
 // claimed for a background refresh once; a fresh one is not.
 func TestListCacheRefreshAhead(t *testing.T) {
-	// The last quarter of a 2 s life starts at 1.5 s: the sleeps of
-	// 1.6 s leave 0.4 s for a loaded machine to oversleep (with 200 ms
-	// and 170 ms, a run under -race next to a CI run overslept 30 ms).
+	// The last quarter of a 2 s life starts at 1.5 s.
 	c := newListCache(2*time.Second, 1000, 0)
+	clock := useFakeClock(c)
 	c.put("d", map[string]*dirEntry{"a": {kind: kindFile}})
 	if c.claimRefresh("d") {
 		t.Fatal("a listing just taken was claimed for refresh")
 	}
-	time.Sleep(1600 * time.Millisecond)
+	clock.advance(1499 * time.Millisecond)
+	if c.claimRefresh("d") {
+		t.Fatal("a listing was claimed for refresh before the last quarter of its life")
+	}
+	clock.advance(time.Millisecond)
 	if !c.claimRefresh("d") {
 		t.Fatal("a listing near its end was not claimed for refresh")
 	}
@@ -37,7 +70,7 @@ func TestListCacheRefreshAhead(t *testing.T) {
 	// are replayed onto the listing fetched meanwhile.
 	c.put("w", map[string]*dirEntry{})
 	c.set("w", "new", dirEntry{kind: kindFile})
-	time.Sleep(1600 * time.Millisecond)
+	clock.advance(1500 * time.Millisecond)
 	if !c.claimRefresh("w") {
 		t.Fatal("a directory being changed here was not claimed for refresh")
 	}
@@ -61,7 +94,7 @@ func TestListCacheGraceWhileRefreshing(t *testing.T) {
 		}
 	}
 	c := newListCache(ttl, 1000, 0)
-	start := time.Now()
+	clock := useFakeClock(c)
 	for _, d := range []string{"refreshed", "idle"} {
 		fetch := c.beginFetch(d)
 		fetch.start = fetch.start.Add(-100 * time.Millisecond) // a fetch of 100 ms
@@ -69,18 +102,29 @@ func TestListCacheGraceWhileRefreshing(t *testing.T) {
 			t.Fatal("listing not stored")
 		}
 	}
-	time.Sleep(320*time.Millisecond - time.Since(start))
+	// Both expire at 400 ms; the refreshed one's grace is 200 ms.
+	clock.advance(300 * time.Millisecond)
 	if !c.claimRefresh("refreshed") {
 		t.Fatal("a listing near its end was not claimed for refresh")
 	}
-	time.Sleep(450*time.Millisecond - time.Since(start)) // past expiry, within the 200 ms grace
+	clock.advance(99 * time.Millisecond)
+	for _, d := range []string{"refreshed", "idle"} {
+		if _, found, ok := c.lookup(d, "a"); !ok || !found {
+			t.Fatalf("%s: a listing did not answer just before its expiry: found %v ok %v", d, found, ok)
+		}
+	}
+	clock.advance(2 * time.Millisecond) // 401 ms: past expiry, within the grace
 	if _, found, ok := c.lookup("refreshed", "a"); !ok || !found {
 		t.Fatalf("a listing being refreshed did not answer just past its expiry: found %v ok %v", found, ok)
 	}
 	if _, _, ok := c.lookup("idle", "a"); ok {
 		t.Fatal("a listing not being refreshed answered past its expiry")
 	}
-	time.Sleep(650*time.Millisecond - time.Since(start)) // past the grace: the refresh failed
+	clock.advance(197 * time.Millisecond) // 598 ms
+	if _, found, ok := c.lookup("refreshed", "a"); !ok || !found {
+		t.Fatalf("a listing being refreshed did not answer at the end of its grace: found %v ok %v", found, ok)
+	}
+	clock.advance(3 * time.Millisecond) // 601 ms: past the grace, the refresh failed
 	if _, _, ok := c.lookup("refreshed", "a"); ok {
 		t.Fatal("a listing answered past its grace")
 	}
@@ -154,6 +198,7 @@ func TestListCacheChangesDuringFetch(t *testing.T) {
 // probed; another within the listing timeout lists the directory.
 func TestListCacheSecondMiss(t *testing.T) {
 	c := newListCache(100*time.Millisecond, 1000, 0)
+	clock := useFakeClock(c)
 	if c.secondMiss("d") {
 		t.Fatal("first miss in d asked for a listing")
 	}
@@ -166,7 +211,7 @@ func TestListCacheSecondMiss(t *testing.T) {
 	if c.secondMiss("d") {
 		t.Fatal("the miss after a listing was asked for asked again")
 	}
-	time.Sleep(150 * time.Millisecond)
+	clock.advance(100 * time.Millisecond)
 	if c.secondMiss("e") {
 		t.Fatal("a miss after the listing timeout counted as a second one")
 	}
@@ -189,8 +234,11 @@ func TestListCacheBudgetSharedByMounts(t *testing.T) {
 	}
 	const ttl = 300 * time.Millisecond
 	a, b := newListCache(ttl, 1000, 0), newListCache(ttl, 1000, 0)
+	clock := useFakeClock(a, b)
 	a.put("one", names("a", 30))
+	clock.advance(time.Millisecond) // "one" is the oldest
 	a.put("two", names("b", 15))
+	clock.advance(time.Millisecond)
 	if h, _ := ListCacheNames(); h != held+45 {
 		t.Fatalf("%d names held, want %d", h, held+45)
 	}
@@ -208,7 +256,7 @@ func TestListCacheBudgetSharedByMounts(t *testing.T) {
 		t.Error("the newest listing was not kept")
 	}
 	// a's listings expire and are swept: b's fits.
-	time.Sleep(ttl + 50*time.Millisecond)
+	clock.advance(ttl + time.Millisecond)
 	a.sweep()
 	b.put("big", names("c", 20))
 	if _, _, ok := b.lookup("big", "c000"); !ok {

@@ -733,10 +733,12 @@ func TestReaddirAcrossRestart(t *testing.T) {
 	h.start(env)
 	got = append(got, getdents(t, fd, 200)...)
 
-	// Killed while a READDIRPLUS waits on the store (each page takes
-	// 100 ms, and a fresh process lists from the start).
+	// Killed while a READDIRPLUS waits on the store: this process's
+	// store never answers a listing (a fresh process lists from the
+	// start), and says when one came.
 	h.kill()
-	h.start(env)
+	held := join(t.TempDir(), "list")
+	h.start(env + " BLOBFS_TEST_HOLD_LISTS=" + held)
 	next := make(chan error, 1)
 	var during []dent
 	go func() {
@@ -744,7 +746,10 @@ func TestReaddirAcrossRestart(t *testing.T) {
 		during, err = getdentsErr(fd, 200)
 		next <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	waitFor(t, "the READDIRPLUS in the server, waiting on the store", func() bool {
+		_, err := os.Stat(held)
+		return err == nil
+	})
 	h.kill()
 	h.start(env)
 	select {

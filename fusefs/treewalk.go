@@ -185,7 +185,7 @@ func (fs *FS) maybeStartWalk(dir string) {
 	if c.ttl <= 0 || len(c.walks) >= maxWalks || c.walkCoveringLocked(dir) != nil {
 		return
 	}
-	if t, ok := c.passed[parent]; !ok || time.Since(t) > walkWindow {
+	if t, ok := c.passed[parent]; !ok || c.now().Sub(t) > walkWindow {
 		return
 	}
 	l := c.freshLocked(parent)
@@ -205,7 +205,7 @@ func (fs *FS) maybeStartWalk(dir string) {
 		}
 	}
 	w := &treeWalk{root: parent, kick: make(chan struct{}, 1), dirs: map[string]*walkDir{}, putting: map[string]bool{},
-		changes: map[string][]listChange{}, activity: time.Now(), started: time.Now()}
+		changes: map[string][]listChange{}, activity: c.now(), started: c.now()}
 	if parent != "" {
 		w.prefix = parent + "/"
 	}
@@ -293,7 +293,7 @@ func (fs *FS) walkMayGoOn(w *treeWalk) bool {
 		c.mu.Lock()
 		ended := w.ended
 		over := w.ahead+w.building > c.walkAheadLimit()
-		idle := time.Since(w.activity) > walkIdle
+		idle := c.now().Sub(w.activity) > walkIdle
 		w.paused = over
 		c.mu.Unlock()
 		switch {
@@ -324,7 +324,7 @@ func (c *listCache) walkPage(w *treeWalk, page blobstore.ListPage, took time.Dur
 	}
 	w.pages++
 	w.pageTime += took
-	w.activity = time.Now()
+	w.activity = c.now()
 	var done []*walkDir
 	for _, b := range page.Blobs {
 		done = w.addBlobLocked(b, done)
@@ -487,7 +487,7 @@ func (c *listCache) endWalkLocked(w *treeWalk) {
 	if w.ended {
 		return
 	}
-	w.ended, w.endedAt = true, time.Now()
+	w.ended, w.endedAt = true, c.now()
 	w.cancel()
 	w.dirs, w.changes, w.putting, w.building = nil, nil, nil, 0
 	for i, v := range c.walks {
@@ -522,7 +522,7 @@ func (c *listCache) awaitWalk(dir string) {
 	if w == nil {
 		return
 	}
-	w.activity = time.Now()
+	w.activity = c.now()
 	deadline := time.Now().Add(w.hedge())
 	timer := time.AfterFunc(time.Until(deadline), c.cond.Broadcast)
 	defer timer.Stop()
@@ -554,7 +554,7 @@ func (c *listCache) usedLocked(l *listing) {
 	if w == nil {
 		return
 	}
-	w.activity = time.Now()
+	w.activity = c.now()
 	if l.prefetched > 0 {
 		w.ahead -= l.prefetched
 		l.prefetched = 0

@@ -252,7 +252,7 @@ func TestTreeWalkStaysWithinWalkAhead(t *testing.T) {
 	mem := blobstore.NewMemory()
 	want := fillWalkTree(t, mem, dirs, files)
 	s := &walkCountingStore{pagedStore: pagedStore{Store: mem, page: page}}
-	mnt, _ := mountStore(t, s, Options{WalkAhead: ahead, ListTimeout: time.Minute})
+	mnt, fsys := mountStore(t, s, Options{WalkAhead: ahead, ListTimeout: time.Minute})
 	root := join(mnt, "t")
 	if _, err := os.ReadDir(root); err != nil {
 		t.Fatal(err)
@@ -260,7 +260,16 @@ func TestTreeWalkStaysWithinWalkAhead(t *testing.T) {
 	if _, err := os.ReadDir(join(root, "d00")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // plenty for the whole tree at memory speed
+	// The walk pauses once it is WalkAhead names ahead (walkMayGoOn),
+	// with no page on its way: what it fetched by then is all it fetches
+	// while its walker stays away. A walk that never pauses lists the
+	// whole tree and ends, and fails here.
+	waitFor(t, "the walk to pause ahead of its walker", func() bool {
+		c := fsys.lists
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.walks) == 1 && c.walks[0].paused
+	})
 	// Ahead of the walker: up to WalkAhead names in built directories,
 	// plus those of the directories being built, plus one page.
 	if flat, most := s.flat.Load(), int64((2*ahead+files)/page+2); flat > most {
