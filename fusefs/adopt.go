@@ -144,6 +144,10 @@ func (fs *FS) restore(saved *savedState) error {
 			if sf.baseETag == "" {
 				of.openETag = rec.IfMatch // the region does not keep it
 			}
+			// Unlinked, or replaced by a rename, through the mount while
+			// open: it lives on without a name, and nothing of it is
+			// uploaded (commit), in this process as in the dead one.
+			of.unlinked = rec.Unlinked
 			if len(rec.Attrs) > 0 {
 				// A file created and not yet committed has its
 				// attributes only here.

@@ -70,6 +70,10 @@ type spillRecord struct {
 	// Pooled names the spill file of a record that holds nothing: the
 	// file went back to the pool (clearSpillRecord).
 	Pooled string `json:"pooled,omitempty"`
+	// Unlinked: the file was unlinked (or replaced by a rename) through
+	// its mount while open; a process adopting the mount keeps it so.
+	// (Records written before it existed lack it: false.)
+	Unlinked bool `json:"unlinked,omitempty"`
 }
 
 // recordLocked writes the spill file's record, if it changed; dirty says
@@ -80,7 +84,7 @@ func (of *openFile) recordLocked(dirty bool) {
 	}
 	fs := of.fs
 	path, ok := fs.pathOf(of.n)
-	rec := spillRecord{Store: fs.opts.StoreID, Blob: path, Dirty: dirty && ok && !of.unlinked, Nonce: of.commitNonce, Attrs: map[string]string{}}
+	rec := spillRecord{Store: fs.opts.StoreID, Blob: path, Dirty: dirty && ok && !of.unlinked, Unlinked: of.unlinked, Nonce: of.commitNonce, Attrs: map[string]string{}}
 	fs.mu.Lock()
 	fs.attrsMetaLocked(of.n, rec.Attrs)
 	fs.mu.Unlock()
