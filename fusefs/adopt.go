@@ -148,6 +148,9 @@ func (fs *FS) restore(saved *savedState) error {
 			// open: it lives on without a name, and nothing of it is
 			// uploaded (commit), in this process as in the dead one.
 			of.unlinked = rec.Unlinked
+			if t, ok := metaMtime(rec.Attrs); ok && sf.dirty {
+				of.mtime = &t // set by a utime, waiting for the commit
+			}
 			if len(rec.Attrs) > 0 {
 				// A file created and not yet committed has its
 				// attributes only here.

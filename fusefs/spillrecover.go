@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -88,6 +89,11 @@ func (of *openFile) recordLocked(dirty bool) {
 	fs.mu.Lock()
 	fs.attrsMetaLocked(of.n, rec.Attrs)
 	fs.mu.Unlock()
+	if of.mtime != nil {
+		// A utime that waits for the next commit: a successor's commit
+		// must store it too.
+		rec.Attrs[blobstore.MetaMtime] = strconv.FormatInt(of.mtime.UnixNano(), 10)
+	}
 	// The commit's own condition; where that is unknown (none), an
 	// orphan goes up only where no blob is in its way.
 	c := of.conditionsLocked()
@@ -385,11 +391,14 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) (orphanOutcome, er
 	if opts.Metadata == nil {
 		opts.Metadata = map[string]string{}
 	}
+	// The content is new: its times are now's, unless the session set
+	// the modification time after its last change (in its record).
+	deleteMetaKey(opts.Metadata, blobstore.MetaCtime)
+	deleteMetaKey(opts.Metadata, blobstore.MetaMtime)
+	deleteMetaKey(opts.Metadata, blobstore.MetaRcloneMtime)
 	for k, v := range rec.Attrs {
 		setMetaKey(opts.Metadata, k, v) // the attributes the session gave the file
 	}
-	deleteMetaKey(opts.Metadata, blobstore.MetaCtime)
-	delete(opts.Metadata, blobstore.MetaMtime) // written now
 	delete(opts.Metadata, blobstore.MetaCommit)
 	up := func() (blobstore.Attrs, error) {
 		return blobstore.Upload(ctx, fs.store, rec.Blob, f, st.Size(), blobstore.UploadOptions{

@@ -611,3 +611,36 @@ func TestUnlinkedOpenFileAcrossRestart(t *testing.T) {
 		t.Errorf("lost+found holds %v, want nothing", kept)
 	}
 }
+
+// TestPendingMtimeAcrossRestart: a utime of a file being written waits for
+// the file's commit; a process that adopts the mount before that commit
+// stores it all the same. (Found by the crash checker: the successor's
+// commit stored its own time.)
+func TestPendingMtimeAcrossRestart(t *testing.T) {
+	h := newRestartHarness(t)
+	h.start()
+	s := h.localStore()
+	putBlob(t, s, "f", []byte("old\n"), nil)
+	f, err := os.OpenFile(join(h.mnt, "f"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	mustWriteHandle(t, f, []byte("new\n"))
+	when := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	if err := os.Chtimes(join(h.mnt, "f"), when, when); err != nil {
+		t.Fatal(err)
+	}
+	h.kill()
+	h.start()
+	mustClose(t, f.Close())
+	wantBlob(t, s, "f", []byte("old\nnew\n"))
+	// The store's, not the kernel's (which the utime's reply set).
+	a, err := s.Stat(context.Background(), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := metaMtime(a.Metadata); !ok || !got.Equal(when) {
+		t.Errorf("stored mtime after the successor's commit: %v (%v), want %v", got.UTC(), ok, when)
+	}
+}
