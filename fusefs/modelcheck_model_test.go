@@ -50,17 +50,6 @@ import (
 // empty". With the switch on, the model expects EEXIST there.
 const knownDefectRenameConflictEEXIST = true
 
-// knownDefectWriteAfterUnlink skips issue 38's defect 5 (TODO(issue 38,
-// defect 5)): a file open for writing, nothing written yet, is unlinked
-// through the same mount; a write (or a truncate that keeps some of it)
-// through the open handle then fails with EIO (ensureSpillLocked finds no
-// path to load the blob from and returns errStale, which toStatus makes
-// EIO). POSIX says the write succeeds: the file lives on, without a
-// name, until its last close. With the switch on, such a write is not
-// generated. (With it off, the model lets the write succeed and does not
-// follow the unlinked file's content further.)
-const knownDefectWriteAfterUnlink = true
-
 // knownIssueCreateOverHeldFile skips a pattern whose verdict is open
 // (TODO(issue 38, finding 4)): a mount holds a file open (a reader, no
 // local copy), another writer removes the blob, and the mount then
@@ -381,9 +370,6 @@ func (m *model) ensureSpill(f *mfile, load bool) syscall.Errno {
 	if f.hasSpill {
 		return 0
 	}
-	if f.unlinked && load && knownDefectWriteAfterUnlink {
-		return errSkip
-	}
 	if !f.opened {
 		f.base, f.opened = m.curVer(f.path), true
 		f.seen = m.fileData(f.path)
@@ -687,6 +673,7 @@ func (m *model) renameFile(mnt int, src, dst string) syscall.Errno {
 		}
 	}
 	if df := m.mountFile(mnt, dst); df != nil {
+		m.keepContent(df)
 		df.unlinked = true
 	}
 	b := m.store[src]
@@ -782,6 +769,7 @@ func (m *model) unlink(mnt int, p string) syscall.Errno {
 	}
 	f := m.mountFile(mnt, p)
 	if f != nil {
+		m.keepContent(f)
 		f.unlinked = true
 	}
 	if f == nil || !f.pending {
@@ -789,6 +777,18 @@ func (m *model) unlink(mnt int, p string) syscall.Errno {
 	}
 	m.keepDir(parentOf(p))
 	return 0
+}
+
+// keepContent: a file that loses its name through its mount while
+// writers hold it open keeps its content for them (the mount loads it
+// before the blob goes), so that their writes and truncates after work
+// on it until the last close, without reaching the store.
+func (m *model) keepContent(f *mfile) {
+	if f.writers > 0 && !f.hasSpill {
+		if e := m.ensureSpill(f, true); e != 0 {
+			panic("the blob of a file this mount sees is gone")
+		}
+	}
 }
 
 func (m *model) mkdir(mnt int, p string) syscall.Errno {

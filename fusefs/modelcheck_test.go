@@ -399,17 +399,11 @@ func (c *checker) Write(t *rapid.T) {
 		// pwrite on an O_APPEND descriptor appends anyway (Linux);
 		// write(2) says what is meant.
 		want := c.m.write(h.m, 0, data)
-		if want == errSkip {
-			t.Skip("knownDefectWriteAfterUnlink")
-		}
 		_, err := h.f.Write(data)
 		c.expect(fmt.Sprintf("%s write %q (%s)", slotName(s), data, h.m.desc), err, want)
 		return
 	}
 	want := c.m.write(h.m, off, data)
-	if want == errSkip {
-		t.Skip("knownDefectWriteAfterUnlink")
-	}
 	_, err := h.f.WriteAt(data, int64(off))
 	c.expect(fmt.Sprintf("%s pwrite %q at %d (%s)", slotName(s), data, off, h.m.desc), err, want)
 }
@@ -419,9 +413,6 @@ func (c *checker) Ftruncate(t *rapid.T) {
 	h := c.slots[s]
 	size := rapid.IntRange(0, 20).Draw(t, "size")
 	want := c.m.ftruncate(h.m, size)
-	if want == errSkip {
-		t.Skip("knownDefectWriteAfterUnlink")
-	}
 	c.expect(fmt.Sprintf("%s ftruncate %d (%s)", slotName(s), size, h.m.desc), h.f.Truncate(int64(size)), want)
 }
 

@@ -275,12 +275,19 @@ func (fs *FS) Unlink(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Stat
 	if n.kind == kindDir {
 		return fuse.Status(syscall.EISDIR)
 	}
-	intent := fs.beginIntent(h, dir.id, 0, name, "")
-	path := joinPath(dirPath, name)
 	fs.mu.Lock()
 	inStore := n.inStore
 	of := n.file
 	fs.mu.Unlock()
+	if of != nil {
+		// Its writers may still change it: what they change must
+		// still be reachable once the blob is gone.
+		if err := of.keepContent(ctx); err != nil {
+			return toStatus(err)
+		}
+	}
+	intent := fs.beginIntent(h, dir.id, 0, name, "")
+	path := joinPath(dirPath, name)
 	if of != nil {
 		// Open handles keep reading the local copy; nothing is uploaded.
 		of.mu.Lock()
@@ -470,6 +477,19 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 		}
 	}
 
+	if dst != nil && dst != src && dst.kind != kindDir && !isResent {
+		// A file the rename replaces lives on for its open handles:
+		// its writers must still reach its content once the copy has
+		// replaced the blob (as for unlink).
+		fs.mu.Lock()
+		dof := dst.file
+		fs.mu.Unlock()
+		if dof != nil {
+			if err := dof.keepContent(ctx); err != nil {
+				return toStatus(err)
+			}
+		}
+	}
 	intent := fs.beginIntent(&in.InHeader, srcDir.id, dstDir.id, oldName, newName)
 	if src.kind == kindDir {
 		err = fs.renameDir(ctx, src, srcPath, dstPath, dst != nil, isResent)

@@ -217,6 +217,36 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 	return nil
 }
 
+// keepContent loads the blob into the spill file of a file that is about
+// to lose its name through this mount (unlink, or a rename over it) while
+// write handles are open on it and nothing is loaded yet. POSIX keeps the
+// file for those handles until its last close, and a write or a truncate
+// that keeps some of it must start from its content; once the blob is
+// deleted or replaced there is nothing to load that from. The content is
+// loaded before, only when writers are open: a file held by readers alone
+// costs nothing, a file opened for writing and unlinked costs its
+// download at the unlink, written to again or not. (Deferring the Delete
+// to the last close instead would leave the name in the store for other
+// mounts, and after a crash.) A blob already gone is nothing to keep: a
+// later change that needs its content fails as it would have.
+func (of *openFile) keepContent(ctx context.Context) error {
+	of.fs.mu.Lock()
+	writers := of.writers
+	of.fs.mu.Unlock()
+	if writers == 0 {
+		return nil
+	}
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	if of.spill != nil || of.unlinked {
+		return nil
+	}
+	if err := of.ensureSpillLocked(ctx, true); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
+		return fmt.Errorf("keep the content of an open file losing its name: %w", err)
+	}
+	return nil
+}
+
 // openedForWrite records what a writer saw when it opened the file: the
 // blob's ETag, or (inStore false) that there was none. Its commit is
 // conditional on it. A file with a spill file already keeps its own

@@ -41,6 +41,8 @@ var posixChecks = []struct {
 	{"MkdirRmdir", checkMkdirRmdir},
 	{"Unlink", checkUnlink},
 	{"UnlinkOpenFile", checkUnlinkOpenFile},
+	{"WriteAfterUnlink", checkWriteAfterUnlink},
+	{"WriteAfterRenameOver", checkWriteAfterRenameOver},
 	{"Symlink", checkSymlink},
 	{"ReaddirPaging", checkReaddirPaging},
 	{"StatSizesMtimes", checkStatSizesMtimes},
@@ -366,6 +368,98 @@ func checkUnlinkOpenFile(t *testing.T, mnt string, s blobstore.Store) {
 		t.Fatal(err)
 	}
 	wantNoBlob(t, s, "tmp")
+}
+
+// unwrittenChanges are changes through a handle on an existing file
+// that nothing was written to yet, each keeping some of the old content;
+// after is "old content\n" changed so.
+var unwrittenChanges = []struct {
+	name   string
+	flag   int
+	change func(f *os.File) error
+	after  string
+}{
+	{"pwrite", os.O_RDWR, func(f *os.File) error { _, err := f.WriteAt([]byte("NEW"), 4); return err }, "old NEWtent\n"},
+	{"append", os.O_RDWR | os.O_APPEND, func(f *os.File) error { _, err := f.Write([]byte("more\n")); return err }, "old content\nmore\n"},
+	{"ftruncate", os.O_RDWR, func(f *os.File) error { return f.Truncate(3) }, "old"},
+}
+
+// checkWriteAfterUnlink: a file opened for writing and unlinked before
+// anything was written to it lives on without a name until its last
+// close: a write (or a truncate that keeps some of it) through the open
+// handle succeeds on its content, reads see it, the close succeeds and
+// nothing comes back in the store.
+func checkWriteAfterUnlink(t *testing.T, mnt string, s blobstore.Store) {
+	// Every blob is there before the mount first looks: its listing
+	// cache would hide a blob put behind its back later.
+	for i := range unwrittenChanges {
+		putBlob(t, s, fmt.Sprintf("unlinked%d", i), []byte("old content\n"), nil)
+	}
+	for i, c := range unwrittenChanges {
+		name := fmt.Sprintf("unlinked%d", i)
+		f, err := os.OpenFile(join(mnt, name), c.flag, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Closed before the unmount even when the check fails: a file
+		// left open would make the test process hang at its exit.
+		t.Cleanup(func() { f.Close() })
+		if err := os.Remove(join(mnt, name)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.change(f); err != nil {
+			t.Fatalf("%s after unlink: %v", c.name, err)
+		}
+		got := make([]byte, 64)
+		n, err := f.ReadAt(got, 0)
+		if err != nil && !errors.Is(err, io.EOF) || string(got[:n]) != c.after {
+			t.Errorf("%s after unlink: read %q (%v), want %q", c.name, got[:n], err, c.after)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatalf("close after %s: %v", c.name, err)
+		}
+		wantNoBlob(t, s, name)
+		if _, err := os.Stat(join(mnt, name)); !os.IsNotExist(err) {
+			t.Errorf("%s: the unlinked name is back: %v", c.name, err)
+		}
+	}
+}
+
+// checkWriteAfterRenameOver: a file opened for writing, nothing written
+// yet, whose name a rename gives to another file lives on without a name
+// as for unlink; its changes do not reach the store, which keeps the
+// renamed file.
+func checkWriteAfterRenameOver(t *testing.T, mnt string, s blobstore.Store) {
+	for i := range unwrittenChanges {
+		putBlob(t, s, fmt.Sprintf("dst%d", i), []byte("old content\n"), nil)
+		putBlob(t, s, fmt.Sprintf("src%d", i), []byte("renamed\n"), nil)
+	}
+	for i, c := range unwrittenChanges {
+		dst, src := fmt.Sprintf("dst%d", i), fmt.Sprintf("src%d", i)
+		f, err := os.OpenFile(join(mnt, dst), c.flag, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Closed before the unmount even when the check fails: a file
+		// left open would make the test process hang at its exit.
+		t.Cleanup(func() { f.Close() })
+		if err := os.Rename(join(mnt, src), join(mnt, dst)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.change(f); err != nil {
+			t.Fatalf("%s after rename over it: %v", c.name, err)
+		}
+		got := make([]byte, 64)
+		n, err := f.ReadAt(got, 0)
+		if err != nil && !errors.Is(err, io.EOF) || string(got[:n]) != c.after {
+			t.Errorf("%s after rename over it: read %q (%v), want %q", c.name, got[:n], err, c.after)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatalf("close after %s: %v", c.name, err)
+		}
+		wantBlob(t, s, dst, []byte("renamed\n"))
+		wantNoBlob(t, s, src)
+	}
 }
 
 func checkSymlink(t *testing.T, mnt string, s blobstore.Store) {
