@@ -32,11 +32,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -48,10 +50,12 @@ import (
 )
 
 // The budget of TestModel in `go test ./...` unless -rapid.checks or
-// -rapid.steps are given.
+// -rapid.steps are given. TestModelCrash restarts a serving process at
+// every crash: fewer checks.
 const (
-	modelDefaultChecks = 50
-	modelDefaultSteps  = 40
+	modelDefaultChecks      = 50
+	modelDefaultSteps       = 40
+	modelCrashDefaultChecks = 10
 )
 
 // Names the generator uses, relative to a check's directory. Files live
@@ -68,8 +72,11 @@ var (
 // modelMount is one of the two mounts.
 type modelMount struct {
 	dir      string
-	fsys     *FS
+	fsys     *FS // nil when a child process serves the mount
 	cacheDir string
+	// openFilesSock answers the count of open files of a mount served
+	// by a child process (answerOpenFiles).
+	openFilesSock string
 }
 
 // modelHarness is shared by every check of one TestModel run.
@@ -79,6 +86,14 @@ type modelHarness struct {
 	defaults mattrs // what a blob without attributes shows
 	fileMode uint32
 	checks   int
+	// served: mount A is served by child processes that the Crash
+	// action kills (TestModelCrash); nil in TestModel.
+	served *restartHarness
+	// armed is the crash point the serving process of mount A dies at
+	// (during a later operation), "" if none; armedRestarts the
+	// launcher's count of restarts when it was armed.
+	armed         string
+	armedRestarts int
 }
 
 // checker is the state of one check: a fresh directory of the container,
@@ -101,12 +116,63 @@ func TestModel(t *testing.T) {
 	setDefaultFlag("rapid.steps", "RAPID_STEPS", modelDefaultSteps)
 	h := &modelHarness{store: blobstore.NewMemory()}
 	for i := range h.mounts {
-		opts := conflictMountOptions
-		opts.CacheDir = t.TempDir()
-		opts.PrefetchFiles = -1
-		dir, fsys := mountStore(t, h.store, opts)
-		h.mounts[i] = modelMount{dir: dir, fsys: fsys, cacheDir: opts.CacheDir}
+		h.mounts[i] = mountModel(t, h.store)
 	}
+	runModel(t, h)
+}
+
+// TestModelCrash is TestModel with mount A served by a child process
+// (restartHarness: a launcher holds the /dev/fuse descriptor and the state
+// region, as a keeper does) over a local-directory store that mount B and
+// the store API share, and with the Crash action: the serving process is
+// SIGKILLed between operations, or at a crash point during a later one,
+// and a successor adopts the mount.
+func TestModelCrash(t *testing.T) {
+	setDefaultFlag("rapid.checks", "RAPID_CHECKS", modelCrashDefaultChecks)
+	setDefaultFlag("rapid.steps", "RAPID_STEPS", modelDefaultSteps)
+	dir := memTempDir(t)
+	local, err := blobstore.NewLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &modelHarness{store: local}
+	sock := filepath.Join(t.TempDir(), "open-files")
+	cache := memTempDir(t)
+	// Later values of a variable win (os/exec).
+	rh := newRestartHarness(t, "BLOBFS_TEST_STORE="+dir, "BLOBFS_TEST_CACHE="+cache,
+		"BLOBFS_TEST_NOCACHE=1", "BLOBFS_TEST_OPEN_FILES="+sock)
+	rh.store, rh.cache = dir, cache
+	rh.start()
+	rh.command("keep")
+	h.served = rh
+	h.mounts[0] = modelMount{dir: rh.mnt, cacheDir: rh.cache, openFilesSock: sock}
+	h.mounts[1] = mountModel(t, h.store)
+	runModel(t, h)
+}
+
+// memTempDir is a temporary directory in memory where there is one: the
+// local store and the spill files fsync every change, which costs tens of
+// milliseconds on a loaded disk.
+func memTempDir(t *testing.T) string {
+	dir, err := os.MkdirTemp("/dev/shm", "blobfs-model-")
+	if err != nil {
+		return t.TempDir()
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// mountModel mounts store in this process as the checker's mounts are:
+// no caches, no prefetch.
+func mountModel(t *testing.T, store blobstore.Store) modelMount {
+	opts := conflictMountOptions
+	opts.CacheDir = memTempDir(t)
+	opts.PrefetchFiles = -1
+	dir, fsys := mountStore(t, store, opts)
+	return modelMount{dir: dir, fsys: fsys, cacheDir: opts.CacheDir}
+}
+
+func runModel(t *testing.T, h *modelHarness) {
 	umask := syscall.Umask(0)
 	syscall.Umask(umask)
 	h.fileMode = 0o644 &^ uint32(umask)
@@ -129,12 +195,44 @@ func TestModel(t *testing.T) {
 	t.Logf("%d checks in %v", h.checks, time.Since(start))
 }
 
+// answerOpenFiles has a serving child process answer, on the unix socket
+// at path, how many files its mount holds open (the checker's
+// waitOpenFiles).
+func answerOpenFiles(fsys *FS, path string) error {
+	os.Remove(path)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintln(conn, fsys.openFileCount())
+			conn.Close()
+		}
+	}()
+	return nil
+}
+
+func (fs *FS) openFileCount() int {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	k := 0
+	for _, nd := range fs.nodes.byID {
+		if nd.file != nil {
+			k++
+		}
+	}
+	return k
+}
+
 // setDefaultFlag sets a rapid flag to def unless the command line or the
 // environment chose a value.
 func setDefaultFlag(name, env string, def int) {
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	if set || os.Getenv(env) != "" {
+	if commandLineFlags()[name] || os.Getenv(env) != "" {
 		return
 	}
 	if err := flag.Set(name, strconv.Itoa(def)); err != nil {
@@ -142,10 +240,26 @@ func setDefaultFlag(name, env string, def int) {
 	}
 }
 
+// commandLineFlags are the flags set before any test set one.
+var commandLineFlags = sync.OnceValue(func() map[string]bool {
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+})
+
 // begin makes the check's directory and its first files: an existing
 // file at the top and one in a directory, written by another tool.
 func (c *checker) begin() {
 	ctx := context.Background()
+	if c.h.armed != "" {
+		// A crash point armed in an earlier check and never reached:
+		// each check starts with a serving process that dies nowhere.
+		if c.h.served.restarts() == c.h.armedRestarts {
+			c.h.served.kill()
+			c.h.served.start()
+		}
+		c.h.armed = ""
+	}
 	for i := range c.h.mounts {
 		os.RemoveAll(filepath.Join(c.h.mounts[i].cacheDir, "lost+found"))
 	}
@@ -196,16 +310,19 @@ func mountName(mnt int) string { return string(rune('A' + mnt)) }
 // RELEASE follows close(2) without the caller waiting for it, and a file
 // is committed (or kept in lost+found) once it arrives.
 func (c *checker) waitOpenFiles(mnt, n int) {
-	fsys := c.h.mounts[mnt].fsys
+	mm := c.h.mounts[mnt]
 	count := func() int {
-		fsys.mu.Lock()
-		defer fsys.mu.Unlock()
-		k := 0
-		for _, nd := range fsys.nodes.byID {
-			if nd.file != nil {
-				k++
-			}
+		if mm.fsys != nil {
+			return mm.fsys.openFileCount()
 		}
+		// -1 while no process serves the mount.
+		conn, err := net.Dial("unix", mm.openFilesSock)
+		if err != nil {
+			return -1
+		}
+		defer conn.Close()
+		k := -1
+		fmt.Fscan(conn, &k)
 		return k
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -624,8 +741,62 @@ func (c *checker) StoreDelete(t *rapid.T) {
 	c.m.storeDelete(p)
 }
 
+// modelCrashPoints are where the Crash action may have mount A's serving
+// process die during a later operation (FS.crashPoint: "op/point/"
+// followed by a name): after the store changed and before the reply, or
+// while a file is loaded or committed.
+var modelCrashPoints = []string{
+	"create/store/", "create/reply/", "open/reply/",
+	"mkdir/store/", "mknod/store/", "symlink/store/",
+	"unlink/store/", "rmdir/store/",
+	"rename/store/", "rename/copied/", "rename/reply/",
+	"load/downloaded/", "commit/store/",
+}
+
+// CrashNow kills the process serving mount A between two operations
+// (TestModelCrash only); the launcher starts a successor, which adopts the
+// mount. The model does not change: nothing acknowledged is lost, every
+// handle keeps working.
+func (c *checker) CrashNow(t *rapid.T) {
+	c.crashable(t)
+	c.settle()
+	t.Logf("A crash: the serving process is killed; a successor adopts the mount")
+	c.h.served.kill()
+	c.h.served.start()
+}
+
+// CrashAt arms a crash point: the process serving mount A dies there
+// during a later operation through mount A (or a release), and the
+// launcher starts a successor at once, as a keeper does; the kernel
+// resends what the dead process had taken. The model does not change: a
+// change in flight happens exactly once, and its caller gets the answer
+// the model gives.
+func (c *checker) CrashAt(t *rapid.T) {
+	c.crashable(t)
+	c.settle()
+	point := rapid.SampledFrom(modelCrashPoints).Draw(t, "at")
+	t.Logf("A crash armed at %s*: the serving process dies there during a later operation", point)
+	c.h.served.kill()
+	c.h.armedRestarts = c.h.served.restarts()
+	c.h.served.start("BLOBFS_TEST_CRASH=" + point + "*")
+	c.h.armed = point
+}
+
+func (c *checker) crashable(t *rapid.T) {
+	if c.h.served == nil {
+		t.Skip("mount A is served in this process")
+	}
+	if c.h.armed != "" {
+		t.Skip("a crash point is armed")
+	}
+}
+
 // Check compares the whole state after every action.
 func (c *checker) Check(t *rapid.T) {
+	if c.h.armed != "" && c.h.served.restarts() != c.h.armedRestarts {
+		t.Logf("A died at crash point %s*; a successor adopted the mount", c.h.armed)
+		c.h.armed = ""
+	}
 	c.settle()
 	c.checkStore()
 	for mnt := range c.h.mounts {
