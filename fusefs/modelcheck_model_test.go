@@ -32,6 +32,7 @@ package fusefs
 
 import (
 	"bytes"
+	"maps"
 	"path"
 	"slices"
 	"sort"
@@ -914,6 +915,60 @@ func (m *model) link(mnt int, src, dst string) syscall.Errno {
 		return syscall.EEXIST
 	}
 	return syscall.EPERM
+}
+
+// modelSnap is the model before an operation that may fail for a store
+// fault: mfiles are restored in place (handles point to them), blobs are
+// never changed in place.
+type modelSnap struct {
+	store map[string]*mblob
+	ver   int
+	files []*mfile
+	vals  []mfile
+	lost  [2][][]byte
+}
+
+func (m *model) snapshot() *modelSnap {
+	s := &modelSnap{store: maps.Clone(m.store), ver: m.ver, files: slices.Clone(m.files), lost: m.lost}
+	for i := range s.lost {
+		s.lost[i] = slices.Clone(m.lost[i])
+	}
+	for _, f := range m.files {
+		s.vals = append(s.vals, *f)
+	}
+	return s
+}
+
+func (m *model) restore(s *modelSnap) {
+	m.store, m.ver, m.files, m.lost = s.store, s.ver, s.files, s.lost
+	for i, f := range s.files {
+		*f = s.vals[i]
+	}
+}
+
+// closeFailed: a close whose commit failed for a store fault (EIO). The
+// handle is gone; when it was the last, blobfs keeps the file and retries
+// the upload in the background (retryCommit): the model keeps it, with no
+// handle, until the faults end (faultsEnded).
+func (m *model) closeFailed(h *mhandle) {
+	f := h.f
+	f.handles--
+	if h.writer {
+		f.writers--
+	}
+	if f.handles == 0 && (!f.dirty || f.unlinked) {
+		m.release(f)
+	}
+}
+
+// faultsEnded: the store answers again; the uploads retried in the
+// background commit, or lose to another writer (lost+found).
+func (m *model) faultsEnded(mnt int) {
+	for _, f := range slices.Clone(m.files) {
+		if f.mount == mnt && f.handles == 0 {
+			m.release(f)
+		}
+	}
 }
 
 // storePut is another client of the store replacing (or creating) a blob.

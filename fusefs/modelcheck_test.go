@@ -94,6 +94,8 @@ type modelHarness struct {
 	// launcher's count of restarts when it was armed.
 	armed         string
 	armedRestarts int
+	// faulty is mount B's store: FaultsOn has every call fail.
+	faulty *blobstore.Faulty
 }
 
 // checker is the state of one check: a fresh directory of the container,
@@ -104,6 +106,16 @@ type checker struct {
 	prefix string
 	m      *model
 	slots  [4]*realHandle // slot/2 is the mount
+	// faults: mount B's store fails every call (FaultsOn). snap is the
+	// model before the operation in progress through mount B, which may
+	// then fail with EIO and change nothing (mayFault); faulted says it
+	// did.
+	faults  bool
+	snap    *modelSnap
+	faulted bool
+	// patience is how long settle waits for RELEASEs: long after
+	// FaultsOff, while uploads retried in the background finish.
+	patience time.Duration
 }
 
 type realHandle struct {
@@ -115,9 +127,9 @@ func TestModel(t *testing.T) {
 	setDefaultFlag("rapid.checks", "RAPID_CHECKS", modelDefaultChecks)
 	setDefaultFlag("rapid.steps", "RAPID_STEPS", modelDefaultSteps)
 	h := &modelHarness{store: blobstore.NewMemory()}
-	for i := range h.mounts {
-		h.mounts[i] = mountModel(t, h.store)
-	}
+	h.faulty = blobstore.NewFaulty(h.store, blobstore.FaultOptions{})
+	h.mounts[0] = mountModel(t, h.store)
+	h.mounts[1] = mountModel(t, h.faulty)
 	runModel(t, h)
 }
 
@@ -146,7 +158,8 @@ func TestModelCrash(t *testing.T) {
 	rh.command("keep")
 	h.served = rh
 	h.mounts[0] = modelMount{dir: rh.mnt, cacheDir: rh.cache, openFilesSock: sock}
-	h.mounts[1] = mountModel(t, h.store)
+	h.faulty = blobstore.NewFaulty(h.store, blobstore.FaultOptions{})
+	h.mounts[1] = mountModel(t, h.faulty)
 	runModel(t, h)
 }
 
@@ -187,7 +200,7 @@ func runModel(t *testing.T, h *modelHarness) {
 	start := time.Now()
 	rapid.Check(t, func(rt *rapid.T) {
 		h.checks++
-		c := &checker{h: h, t: rt, prefix: fmt.Sprintf("c%05d", h.checks), m: newModel(h.fileMode)}
+		c := &checker{h: h, t: rt, prefix: fmt.Sprintf("c%05d", h.checks), m: newModel(h.fileMode), patience: 10 * time.Second}
 		c.begin()
 		rt.Cleanup(c.end)
 		rt.Repeat(rapid.StateMachineActions(c))
@@ -282,6 +295,10 @@ func (c *checker) storePutRaw(ctx context.Context, rel string, data []byte, md m
 // end closes what the check left open and waits until both mounts have
 // released it, so that the next check starts from nothing.
 func (c *checker) end() {
+	if c.faults {
+		c.h.faulty.SetOptions(blobstore.FaultOptions{})
+		c.faults, c.patience = false, 70*time.Second
+	}
 	for i, s := range c.slots {
 		if s != nil {
 			s.f.Close()
@@ -325,7 +342,7 @@ func (c *checker) waitOpenFiles(mnt, n int) {
 		fmt.Fscan(conn, &k)
 		return k
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(c.patience)
 	for count() != n {
 		if time.Now().After(deadline) {
 			c.t.Fatalf("mount %s holds %d open files, the model %d", mountName(mnt), count(), n)
@@ -344,6 +361,7 @@ func (c *checker) settle() {
 		}
 		c.waitOpenFiles(i, n)
 	}
+	c.patience = 10 * time.Second
 }
 
 func errnoOf(err error) syscall.Errno {
@@ -373,6 +391,14 @@ func errStr(e syscall.Errno) string {
 func (c *checker) expect(what string, got error, want syscall.Errno) {
 	c.t.Helper()
 	g := errnoOf(got)
+	snap := c.snap
+	c.snap, c.faulted = nil, false
+	if snap != nil && g == syscall.EIO && want != syscall.EIO {
+		c.t.Logf("%s: EIO (allowed: mount B's store fails; nothing changes)", what)
+		c.m.restore(snap)
+		c.faulted = true
+		return
+	}
 	c.t.Logf("%s: %s", what, errStr(g))
 	if want == errENOENTOrOK && (g == 0 || g == syscall.ENOENT) {
 		return
@@ -447,6 +473,7 @@ func (c *checker) Open(t *rapid.T) {
 			fl |= syscall.O_APPEND
 		}
 	}
+	c.mayFault(mnt)
 	mh, want := c.m.open(mnt, p, fl)
 	if want == errSkip {
 		t.Skip("knownIssueCreateOverHeldFile")
@@ -463,13 +490,18 @@ func (c *checker) Close(t *rapid.T) {
 	s := c.drawSlot(true)
 	h := c.slots[s]
 	c.slots[s] = nil
+	c.mayFault(s / 2)
 	want := c.m.close(h.m)
 	c.expect(fmt.Sprintf("%s close (%s)", slotName(s), h.m.desc), h.f.Close(), want)
+	if c.faulted {
+		c.m.closeFailed(h.m)
+	}
 }
 
 func (c *checker) Fsync(t *rapid.T) {
 	s := c.drawSlot(true)
 	h := c.slots[s]
+	c.mayFault(s / 2)
 	want := c.m.commit(h.m.f)
 	c.expect(fmt.Sprintf("%s fsync (%s)", slotName(s), h.m.desc), h.f.Sync(), want)
 }
@@ -486,6 +518,10 @@ func (c *checker) Read(t *rapid.T) {
 	what := fmt.Sprintf("%s pread %d (%s)", slotName(s), off, h.m.desc)
 	if !h.m.read {
 		c.expect(what, err, syscall.EBADF)
+		return
+	}
+	if e := errnoOf(err); c.faults && s/2 == 1 && e == syscall.EIO {
+		t.Logf("%s: EIO (allowed: mount B's store fails)", what)
 		return
 	}
 	allowed, mayFail := c.m.readAllowed(h.m)
@@ -515,6 +551,7 @@ func (c *checker) Write(t *rapid.T) {
 	if h.m.app || !h.m.write {
 		// pwrite on an O_APPEND descriptor appends anyway (Linux);
 		// write(2) says what is meant.
+		c.mayFault(s / 2)
 		want := c.m.write(h.m, 0, data)
 		if want == errSkip {
 			t.Skip("knownDefectWriteAfterUnlink")
@@ -523,6 +560,7 @@ func (c *checker) Write(t *rapid.T) {
 		c.expect(fmt.Sprintf("%s write %q (%s)", slotName(s), data, h.m.desc), err, want)
 		return
 	}
+	c.mayFault(s / 2)
 	want := c.m.write(h.m, off, data)
 	if want == errSkip {
 		t.Skip("knownDefectWriteAfterUnlink")
@@ -535,6 +573,7 @@ func (c *checker) Ftruncate(t *rapid.T) {
 	s := c.drawSlot(true)
 	h := c.slots[s]
 	size := rapid.IntRange(0, 20).Draw(t, "size")
+	c.mayFault(s / 2)
 	want := c.m.ftruncate(h.m, size)
 	if want == errSkip {
 		t.Skip("knownDefectWriteAfterUnlink")
@@ -547,6 +586,7 @@ func (c *checker) Truncate(t *rapid.T) {
 	mnt := c.drawMount()
 	p := rapid.SampledFrom(modelFiles).Draw(t, "path")
 	size := rapid.IntRange(0, 20).Draw(t, "size")
+	c.mayFault(mnt)
 	want := c.m.truncatePath(mnt, p, size)
 	c.expect(fmt.Sprintf("%s truncate %s %d", mountName(mnt), p, size), os.Truncate(c.path(mnt, p), int64(size)), want)
 }
@@ -604,6 +644,7 @@ func (c *checker) AttrFd(t *rapid.T) {
 	if c.timesArmed(s/2, op) {
 		t.Skip("knownDefectPendingMtimeLostAcrossRestart")
 	}
+	c.mayFault(s / 2)
 	want := c.m.setAttr(s/2, "", h.m, op, c.h.defaults)
 	c.expect(fmt.Sprintf("%s f%s (%s)", slotName(s), op, h.m.desc), applyAttr(h.f, "", op), want)
 }
@@ -616,6 +657,7 @@ func (c *checker) AttrPath(t *rapid.T) {
 	if c.timesArmed(mnt, op) {
 		t.Skip("knownDefectPendingMtimeLostAcrossRestart")
 	}
+	c.mayFault(mnt)
 	want := c.m.setAttr(mnt, p, nil, op, c.h.defaults)
 	c.expect(fmt.Sprintf("%s %s %s", mountName(mnt), op, p), applyAttr(nil, c.path(mnt, p), op), want)
 }
@@ -628,6 +670,7 @@ func (c *checker) RenameFile(t *rapid.T) {
 	if src != dst && c.unlinksHeld(mnt, dst) {
 		t.Skip("knownDefectUnlinkedForgottenAcrossRestart")
 	}
+	c.mayFault(mnt)
 	want, skip := c.m.renameFile(mnt, src, dst)
 	if skip {
 		t.Skip("knownDefectRenameAdoptsOtherVersion")
@@ -640,6 +683,7 @@ func (c *checker) RenameDir(t *rapid.T) {
 	mnt := c.drawMount()
 	src := rapid.SampledFrom(modelDirs).Draw(t, "src")
 	dst := rapid.SampledFrom(modelDirs).Draw(t, "dst")
+	c.mayFault(mnt)
 	want, skip := c.m.renameDir(mnt, src, dst)
 	if skip {
 		t.Skip("knownDefectRenameAdoptsOtherVersion")
@@ -654,6 +698,7 @@ func (c *checker) Unlink(t *rapid.T) {
 	if c.unlinksHeld(mnt, p) {
 		t.Skip("knownDefectUnlinkedForgottenAcrossRestart")
 	}
+	c.mayFault(mnt)
 	want := c.m.unlink(mnt, p)
 	c.expect(fmt.Sprintf("%s unlink %s", mountName(mnt), p), syscall.Unlink(c.path(mnt, p)), want)
 }
@@ -662,6 +707,7 @@ func (c *checker) Mkdir(t *rapid.T) {
 	c.settle()
 	mnt := c.drawMount()
 	p := rapid.SampledFrom(modelDirs).Draw(t, "path")
+	c.mayFault(mnt)
 	want := c.m.mkdir(mnt, p)
 	c.expect(fmt.Sprintf("%s mkdir %s", mountName(mnt), p), syscall.Mkdir(c.path(mnt, p), 0o755), want)
 }
@@ -670,6 +716,7 @@ func (c *checker) Rmdir(t *rapid.T) {
 	c.settle()
 	mnt := c.drawMount()
 	p := rapid.SampledFrom(modelDirs).Draw(t, "path")
+	c.mayFault(mnt)
 	want := c.m.rmdir(mnt, p)
 	c.expect(fmt.Sprintf("%s rmdir %s", mountName(mnt), p), syscall.Rmdir(c.path(mnt, p)), want)
 }
@@ -679,6 +726,7 @@ func (c *checker) Symlink(t *rapid.T) {
 	mnt := c.drawMount()
 	p := rapid.SampledFrom(modelSymlinks).Draw(t, "path")
 	target := rapid.SampledFrom([]string{"a", "../a", "nowhere"}).Draw(t, "target")
+	c.mayFault(mnt)
 	want := c.m.mknode(mnt, p, kSymlink, target)
 	c.expect(fmt.Sprintf("%s symlink %s -> %s", mountName(mnt), p, target), os.Symlink(target, c.path(mnt, p)), want)
 }
@@ -687,6 +735,7 @@ func (c *checker) Readlink(t *rapid.T) {
 	c.settle()
 	mnt := c.drawMount()
 	p := rapid.SampledFrom(append(append([]string{}, modelSymlinks...), "a")).Draw(t, "path")
+	c.mayFault(mnt)
 	wantTarget, want := c.m.readlink(mnt, p)
 	got, err := os.Readlink(c.path(mnt, p))
 	c.expect(fmt.Sprintf("%s readlink %s", mountName(mnt), p), err, want)
@@ -699,6 +748,7 @@ func (c *checker) Mkfifo(t *rapid.T) {
 	c.settle()
 	mnt := c.drawMount()
 	p := rapid.SampledFrom(modelFifos).Draw(t, "path")
+	c.mayFault(mnt)
 	want := c.m.mknode(mnt, p, kFifo, "")
 	c.expect(fmt.Sprintf("%s mkfifo %s", mountName(mnt), p), syscall.Mkfifo(c.path(mnt, p), 0o644), want)
 }
@@ -708,6 +758,7 @@ func (c *checker) Link(t *rapid.T) {
 	mnt := c.drawMount()
 	src := rapid.SampledFrom(modelFiles).Draw(t, "src")
 	dst := rapid.SampledFrom(modelFiles).Draw(t, "dst")
+	c.mayFault(mnt)
 	want := c.m.link(mnt, src, dst)
 	c.expect(fmt.Sprintf("%s link %s %s", mountName(mnt), src, dst), syscall.Link(c.path(mnt, src), c.path(mnt, dst)), want)
 }
@@ -716,6 +767,7 @@ func (c *checker) LongName(t *rapid.T) {
 	c.settle()
 	mnt := c.drawMount()
 	name := strings.Repeat("n", 256)
+	c.mayFault(mnt)
 	if rapid.Bool().Draw(t, "mkdir") {
 		c.expect(fmt.Sprintf("%s mkdir <256 bytes>", mountName(mnt)), syscall.Mkdir(c.path(mnt, name), 0o755), syscall.ENAMETOOLONG)
 		return
@@ -730,6 +782,7 @@ func (c *checker) LongName(t *rapid.T) {
 func (c *checker) Statfs(t *rapid.T) {
 	mnt := c.drawMount()
 	var st syscall.Statfs_t
+	c.mayFault(mnt)
 	c.expect(fmt.Sprintf("%s statfs", mountName(mnt)), syscall.Statfs(c.path(mnt, ""), &st), 0)
 }
 
@@ -763,6 +816,46 @@ var modelCrashPoints = []string{
 	"unlink/store/", "rmdir/store/",
 	"rename/store/", "rename/copied/", "rename/reply/",
 	"load/downloaded/", "commit/store/",
+}
+
+// mayFault: the operation about to run goes through mount mnt; while
+// mount B's store fails, one through B may fail with EIO, and then it must
+// change nothing (expect restores the model) except that a close lets go
+// of its handle.
+func (c *checker) mayFault(mnt int) {
+	c.snap = nil
+	if c.faults && mnt == 1 {
+		c.snap = c.m.snapshot()
+	}
+}
+
+// FaultsOn makes every call of mount B's store fail (ErrTransient, before
+// it reaches the store) until FaultsOff. The model permits EIO for any
+// operation through B meanwhile, with nothing changed; what was
+// acknowledged before stays, and nothing is corrupted.
+func (c *checker) FaultsOn(t *rapid.T) {
+	if c.faults {
+		t.Skip("faults are on")
+	}
+	c.settle()
+	t.Logf("B's store fails every call from now")
+	c.h.faulty.SetOptions(blobstore.FaultOptions{ErrorRate: 1})
+	c.faults = true
+}
+
+// FaultsOff: the store answers again. Files whose last close failed are
+// uploaded by blobfs's background retry (or, if another writer overtook
+// them, kept in lost+found); settle waits for it.
+func (c *checker) FaultsOff(t *rapid.T) {
+	if !c.faults {
+		t.Skip("faults are off")
+	}
+	t.Logf("B's store answers again")
+	c.h.faulty.SetOptions(blobstore.FaultOptions{})
+	c.faults = false
+	c.m.faultsEnded(1)
+	c.patience = 70 * time.Second
+	c.settle()
 }
 
 // CrashNow kills the process serving mount A between two operations
@@ -830,8 +923,11 @@ func (c *checker) Check(t *rapid.T) {
 	}
 	c.settle()
 	c.checkStore()
+	c.snap = nil
 	for mnt := range c.h.mounts {
-		c.checkMount(mnt)
+		if !(c.faults && mnt == 1) { // B's lookups fail
+			c.checkMount(mnt)
+		}
 		c.checkLostFound(mnt)
 	}
 }
