@@ -55,7 +55,7 @@ import (
 const (
 	modelDefaultChecks      = 50
 	modelDefaultSteps       = 40
-	modelCrashDefaultChecks = 10
+	modelCrashDefaultChecks = 8
 )
 
 // Names the generator uses, relative to a check's directory. Files live
