@@ -217,6 +217,9 @@ func launcher() error {
 		case "keep":
 			keep = true
 			fmt.Println("ok")
+		case "nokeep":
+			keep = false
+			fmt.Println("ok")
 		case "restarts":
 			fmt.Println("ok", restarts)
 		case "kill":

@@ -971,6 +971,31 @@ func (m *model) faultsEnded(mnt int) {
 	}
 }
 
+// loseSession: the serving process of mount mnt and its keeper died
+// together; the mount and its handles are gone. The next mount on the same
+// cache directory uploads each file with unsaved changes under the
+// condition its commit had (the version its writers saw, or no blob for a
+// new file), or keeps it in lost+found when another writer overtook it
+// (spillrecover.go). A file unlinked while open is dropped.
+func (m *model) loseSession(mnt int) {
+	for _, f := range slices.Clone(m.files) {
+		if f.mount != mnt {
+			continue
+		}
+		if f.dirty && !f.unlinked {
+			b := m.store[f.path]
+			if (b == nil || b.kind == kFile) && m.curVer(f.path) == f.base {
+				attrs := f.attrs
+				attrs.mtime = 0
+				m.store[f.path] = &mblob{kind: kFile, data: bytes.Clone(f.spill), ver: m.nextVer(), attrs: attrs}
+			} else {
+				m.lost[mnt] = append(m.lost[mnt], bytes.Clone(f.spill))
+			}
+		}
+		m.files = slices.DeleteFunc(m.files, func(g *mfile) bool { return g == f })
+	}
+}
+
 // storePut is another client of the store replacing (or creating) a blob.
 func (m *model) storePut(p string, data []byte) {
 	m.store[p] = &mblob{kind: kFile, data: bytes.Clone(data), ver: m.nextVer()}

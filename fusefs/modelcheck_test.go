@@ -96,6 +96,9 @@ type modelHarness struct {
 	armedRestarts int
 	// faulty is mount B's store: FaultsOn has every call fail.
 	faulty *blobstore.Faulty
+	// t and env make the next restartHarness after a lost session.
+	t   *testing.T
+	env []string
 }
 
 // checker is the state of one check: a fresh directory of the container,
@@ -151,13 +154,9 @@ func TestModelCrash(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "open-files")
 	cache := memTempDir(t)
 	// Later values of a variable win (os/exec).
-	rh := newRestartHarness(t, "BLOBFS_TEST_STORE="+dir, "BLOBFS_TEST_CACHE="+cache,
-		"BLOBFS_TEST_NOCACHE=1", "BLOBFS_TEST_OPEN_FILES="+sock)
-	rh.store, rh.cache = dir, cache
-	rh.start()
-	rh.command("keep")
-	h.served = rh
-	h.mounts[0] = modelMount{dir: rh.mnt, cacheDir: rh.cache, openFilesSock: sock}
+	h.t, h.env = t, []string{"BLOBFS_TEST_STORE=" + dir, "BLOBFS_TEST_CACHE=" + cache,
+		"BLOBFS_TEST_NOCACHE=1", "BLOBFS_TEST_OPEN_FILES=" + sock}
+	h.serveA()
 	h.faulty = blobstore.NewFaulty(h.store, blobstore.FaultOptions{})
 	h.mounts[1] = mountModel(t, h.faulty)
 	runModel(t, h)
@@ -173,6 +172,26 @@ func memTempDir(t *testing.T) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
+}
+
+// serveA mounts A anew, served by a child process of a new launcher.
+func (h *modelHarness) serveA() {
+	rh := newRestartHarness(h.t, h.env...)
+	for _, e := range h.env {
+		if v, ok := strings.CutPrefix(e, "BLOBFS_TEST_STORE="); ok {
+			rh.store = v
+		}
+		if v, ok := strings.CutPrefix(e, "BLOBFS_TEST_CACHE="); ok {
+			rh.cache = v
+		}
+		if v, ok := strings.CutPrefix(e, "BLOBFS_TEST_OPEN_FILES="); ok {
+			h.mounts[0].openFilesSock = v
+		}
+	}
+	rh.start()
+	rh.command("keep")
+	h.served = rh
+	h.mounts[0].dir, h.mounts[0].cacheDir = rh.mnt, rh.cache
 }
 
 // mountModel mounts store in this process as the checker's mounts are:
@@ -327,21 +346,7 @@ func mountName(mnt int) string { return string(rune('A' + mnt)) }
 // RELEASE follows close(2) without the caller waiting for it, and a file
 // is committed (or kept in lost+found) once it arrives.
 func (c *checker) waitOpenFiles(mnt, n int) {
-	mm := c.h.mounts[mnt]
-	count := func() int {
-		if mm.fsys != nil {
-			return mm.fsys.openFileCount()
-		}
-		// -1 while no process serves the mount.
-		conn, err := net.Dial("unix", mm.openFilesSock)
-		if err != nil {
-			return -1
-		}
-		defer conn.Close()
-		k := -1
-		fmt.Fscan(conn, &k)
-		return k
-	}
+	count := func() int { return c.openFilesOf(mnt) }
 	deadline := time.Now().Add(c.patience)
 	for count() != n {
 		if time.Now().After(deadline) {
@@ -349,6 +354,23 @@ func (c *checker) waitOpenFiles(mnt, n int) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// openFilesOf is how many files mount mnt holds open; -1 while no process
+// serves it.
+func (c *checker) openFilesOf(mnt int) int {
+	mm := c.h.mounts[mnt]
+	if mm.fsys != nil {
+		return mm.fsys.openFileCount()
+	}
+	conn, err := net.Dial("unix", mm.openFilesSock)
+	if err != nil {
+		return -1
+	}
+	defer conn.Close()
+	k := -1
+	fmt.Fscan(conn, &k)
+	return k
 }
 
 func (c *checker) settle() {
@@ -915,6 +937,119 @@ func (c *checker) unlinksHeld(mnt int, p string) bool {
 	return knownDefectUnlinkedForgottenAcrossRestart && mnt == 0 && c.h.armed != "" && c.m.mountFile(mnt, p) != nil
 }
 
+// LoseSession kills mount A's serving process and its launcher (the
+// keeper) together (TestModelCrash only): the mount is gone, and so are
+// its handles. A new mount on the same cache directory recovers what the
+// lost session left (the model's loseSession).
+func (c *checker) LoseSession(t *rapid.T) {
+	c.losable(t)
+	c.settle()
+	t.Logf("A's session is lost: the serving process and its keeper die; a new mount on the same cache directory")
+	c.h.served.kill()
+	c.remountA()
+}
+
+// LoseSessionInRename renames a file through mount A and has the serving
+// process die after the Copy to the new name, before the Delete of the old
+// one, and its keeper with it: the new mount on the same cache directory
+// finishes the rename from its record. Exactly one name remains, with the
+// content: the rename done, or not (the application was never answered).
+func (c *checker) LoseSessionInRename(t *rapid.T) {
+	c.losable(t)
+	c.settle()
+	src := rapid.SampledFrom(modelFiles).Draw(t, "src")
+	dst := rapid.SampledFrom(modelFiles).Draw(t, "dst")
+	if c.m.mountFile(0, src) != nil || c.m.mountFile(0, dst) != nil {
+		t.Skip("a file open at either name") // its commit comes first
+	}
+	before := c.m.snapshot()
+	want, skip := c.m.renameFile(0, src, dst)
+	if skip || want != 0 || src == dst || c.m.storeKind(src) != kFile {
+		c.m.restore(before)
+		t.Skip("the rename copies nothing")
+	}
+	t.Logf("A rename %s %s; the serving process dies after the copy, its keeper with it", src, dst)
+	c.h.served.command("nokeep")
+	c.h.served.kill()
+	c.h.served.start("BLOBFS_TEST_CRASH=rename/copied/*")
+	done := make(chan error, 1)
+	go func() { done <- syscall.Rename(c.path(0, src), c.path(0, dst)) }()
+	for c.openFilesOf(0) >= 0 { // until the serving process is dead
+		select {
+		case err := <-done:
+			t.Fatalf("DIVERGENCE A rename %s %s returned (%s) without reaching the copy's crash point", src, dst, errStr(errnoOf(err)))
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	c.remountA()
+	t.Logf("A rename %s %s: %s", src, dst, errStr(errnoOf(<-done)))
+	// The model is the rename done, then the session lost; else it is
+	// the rename never done, then the session lost.
+	if d := c.storeDiff(); d != "" {
+		c.m.restore(before)
+		c.remountedA()
+		if d2 := c.storeDiff(); d2 != "" {
+			t.Fatalf("DIVERGENCE store after a rename in a lost session: neither done nor undone:\n%s", d)
+		}
+		t.Logf("the rename was undone")
+	} else {
+		t.Logf("the rename was finished")
+	}
+}
+
+func (c *checker) losable(t *rapid.T) {
+	c.crashable(t)
+}
+
+// remountA: mount A's serving process is dead or about to be; its keeper
+// (the launcher) dies, the mount with it; a new one takes its place on the
+// same cache directory, and the checker waits for it to recover the lost
+// session's files.
+func (c *checker) remountA() {
+	old := c.h.served
+	old.launcher.Process.Kill()
+	old.launcher.Wait()
+	for s := 0; s < 2; s++ {
+		if c.slots[s] != nil {
+			c.slots[s].f.Close() // ENOTCONN: the handle is gone
+			c.slots[s] = nil
+		}
+	}
+	Unmount(old.mnt, true)
+	c.h.served.cmds.Close()
+	c.h.serveA()
+	c.remountedA()
+	spill := filepath.Join(c.h.mounts[0].cacheDir, "spill")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		left, _ := filepath.Glob(filepath.Join(spill, spillPrefix+"*"))
+		renames, _ := filepath.Glob(filepath.Join(spill, renamePrefix+"*"))
+		if len(left)+len(renames) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("DIVERGENCE the new mount A left files of the lost session: %v %v", left, renames)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// remountedA applies a lost session of mount A to the model. Starting the
+// new launcher forked this process: the exec closed the child's copies of
+// every descriptor, and the kernel sent mount B a FLUSH for each of its
+// open files, which commits them (a harness effect, before the new mount
+// recovers anything).
+func (c *checker) remountedA() {
+	if !c.faults {
+		for _, f := range c.m.files {
+			if f.mount == 1 && f.handles > 0 {
+				c.m.commit(f)
+			}
+		}
+	}
+	c.m.loseSession(0)
+}
+
 // Check compares the whole state after every action.
 func (c *checker) Check(t *rapid.T) {
 	if c.h.armed != "" && c.h.served.restarts() != c.h.armedRestarts {
@@ -936,6 +1071,14 @@ func (c *checker) Check(t *rapid.T) {
 // and FIFO blob and its content, and which directories exist (markers
 // themselves are blobfs's business).
 func (c *checker) checkStore() {
+	if d := c.storeDiff(); d != "" {
+		c.t.Fatalf("DIVERGENCE store:\n%s", d)
+	}
+}
+
+// storeDiff says how the container differs from the model ("": it does
+// not).
+func (c *checker) storeDiff() string {
 	ctx := context.Background()
 	got := map[string]string{}
 	gotDirs := map[string]bool{}
@@ -983,8 +1126,9 @@ func (c *checker) checkStore() {
 		}
 	}
 	if !mapsEqual(got, want) || !mapsEqual(gotDirs, wantDirs) {
-		c.t.Fatalf("DIVERGENCE store:\n got  %v dirs %v\n want %v dirs %v", got, modelKeys(gotDirs), want, modelKeys(wantDirs))
+		return fmt.Sprintf(" got  %v dirs %v\n want %v dirs %v", got, modelKeys(gotDirs), want, modelKeys(wantDirs))
 	}
+	return ""
 }
 
 func (c *checker) blobData(a blobstore.Attrs) []byte {
