@@ -55,7 +55,8 @@ import (
 const (
 	modelDefaultChecks      = 50
 	modelDefaultSteps       = 40
-	modelCrashDefaultChecks = 8
+	modelCrashDefaultChecks = 6
+	modelCrashDefaultSteps  = 30
 )
 
 // Names the generator uses, relative to a check's directory. Files live
@@ -144,7 +145,7 @@ func TestModel(t *testing.T) {
 // and a successor adopts the mount.
 func TestModelCrash(t *testing.T) {
 	setDefaultFlag("rapid.checks", "RAPID_CHECKS", modelCrashDefaultChecks)
-	setDefaultFlag("rapid.steps", "RAPID_STEPS", modelDefaultSteps)
+	setDefaultFlag("rapid.steps", "RAPID_STEPS", modelCrashDefaultSteps)
 	dir := memTempDir(t)
 	local, err := blobstore.NewLocal(dir)
 	if err != nil {
@@ -890,6 +891,7 @@ func (c *checker) CrashNow(t *rapid.T) {
 	t.Logf("A crash: the serving process is killed; a successor adopts the mount")
 	c.h.served.kill()
 	c.h.served.start()
+	c.h.armed = ""
 }
 
 // CrashAt arms a crash point: the process serving mount A dies there
@@ -913,9 +915,8 @@ func (c *checker) crashable(t *rapid.T) {
 	if c.h.served == nil {
 		t.Skip("mount A is served in this process")
 	}
-	if c.h.armed != "" {
-		t.Skip("a crash point is armed")
-	}
+	// A crash point armed and not reached yet is replaced (the serving
+	// process is replaced).
 	if knownDefectUnlinkedForgottenAcrossRestart && c.m.holdsUnlinked(0) {
 		t.Skip("knownDefectUnlinkedForgottenAcrossRestart")
 	}
@@ -1006,6 +1007,7 @@ func (c *checker) losable(t *rapid.T) {
 // same cache directory, and the checker waits for it to recover the lost
 // session's files.
 func (c *checker) remountA() {
+	c.h.armed = ""
 	old := c.h.served
 	old.launcher.Process.Kill()
 	old.launcher.Wait()
