@@ -86,6 +86,10 @@ func serveChild() error {
 		WriteBack: os.Getenv("BLOBFS_TEST_WRITEBACK") != "",
 		StoreID:   "local",
 	}
+	if os.Getenv("BLOBFS_TEST_NOCACHE") != "" { // the model checker's mounts
+		opts.AttrTimeout, opts.EntryTimeout, opts.NegativeTimeout, opts.ListTimeout = -1, -1, -1, -1
+		opts.PrefetchFiles = -1
+	}
 	if dir := os.Getenv("BLOBFS_TEST_DISK_CACHE"); dir != "" {
 		if opts.DiskCache, err = OpenDiskCache(dir, 1<<30); err != nil {
 			return err
@@ -96,6 +100,11 @@ func serveChild() error {
 		return err
 	}
 	crashFromEnv(fsys)
+	if sock := os.Getenv("BLOBFS_TEST_OPEN_FILES"); sock != "" {
+		if err := answerOpenFiles(fsys, sock); err != nil {
+			return err
+		}
+	}
 	sess, err := Serve(os.Getenv("BLOBFS_TEST_MOUNT"), 3, fsys, MountOptions{Logger: childLogger()})
 	if err != nil {
 		return err
@@ -166,8 +175,8 @@ func answerHandles(fsys *FS) {
 
 // crashFromEnv makes a serving child kill itself where BLOBFS_TEST_CRASH
 // names a crash point (FS.crashPoint): after the store changed and before
-// the reply, for instance. BLOBFS_TEST_CRASH_AFTER=N passes the point N
-// times first.
+// the reply, for instance; "op/point/*" names every name's.
+// BLOBFS_TEST_CRASH_AFTER=N passes the point N times first.
 func crashFromEnv(fsys *FS) {
 	where := os.Getenv("BLOBFS_TEST_CRASH")
 	if where == "" {
@@ -176,7 +185,11 @@ func crashFromEnv(fsys *FS) {
 	var passes atomic.Int64
 	after, _ := strconv.ParseInt(os.Getenv("BLOBFS_TEST_CRASH_AFTER"), 10, 64)
 	fsys.crashHook = func(at string) {
-		if at == where && passes.Add(1) > after {
+		match := at == where
+		if prefix, ok := strings.CutSuffix(where, "*"); ok {
+			match = strings.HasPrefix(at, prefix)
+		}
+		if match && passes.Add(1) > after {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
 	}
@@ -202,10 +215,16 @@ func childLogger() *slog.Logger {
 // open files wait for.
 func launcher() error {
 	var (
+		mu        sync.Mutex // guards what follows, and stdout
 		server    *exec.Cmd
 		serverIn  io.WriteCloser // server's stdin
 		serverOut *bufio.Reader  // server's stdout
 		exited    chan struct{}  // closed when server has exited
+		// keep: a serving process that exits by itself (a crash point)
+		// is followed at once by a successor, as a keeper does; restarts
+		// counts them.
+		keep     bool
+		restarts int
 	)
 	// One *os.File each for the whole run: os.NewFile's finalizer closes
 	// the descriptor when the File is collected, and a later pipe would
@@ -213,82 +232,118 @@ func launcher() error {
 	fuseFile, stateFile := os.NewFile(3, "fuse"), os.NewFile(4, "state")
 	defer runtime.KeepAlive(fuseFile)
 	defer runtime.KeepAlive(stateFile)
+	var start func(env []string) error
+	start = func(env []string) error {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "BLOBFS_TEST_LAUNCHER=", "BLOBFS_TEST_SERVE=1")
+		cmd.Env = append(cmd.Env, env...)
+		cmd.ExtraFiles = []*os.File{fuseFile, stateFile}
+		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return err
+		}
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			return err
+		}
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		outReader := bufio.NewReader(out)
+		line, _ := outReader.ReadString('\n')
+		if strings.TrimSpace(line) != "ready" {
+			cmd.Process.Kill()
+			cmd.Wait()
+			return fmt.Errorf("serving process did not start: %q", line)
+		}
+		server, serverIn, serverOut = cmd, stdin, outReader
+		exited = make(chan struct{})
+		go func(done chan struct{}) {
+			cmd.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			close(done)
+			if keep && server == cmd {
+				server = nil
+				restarts++
+				if err := start(nil); err != nil {
+					fmt.Fprintln(os.Stderr, "launcher: successor:", err)
+				}
+			}
+		}(exited)
+		return nil
+	}
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		words := strings.Fields(in.Text())
 		if len(words) == 0 {
 			continue
 		}
+		mu.Lock()
 		switch words[0] {
 		case "start":
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), "BLOBFS_TEST_LAUNCHER=", "BLOBFS_TEST_SERVE=1")
-			cmd.Env = append(cmd.Env, words[1:]...)
-			cmd.ExtraFiles = []*os.File{fuseFile, stateFile}
-			cmd.Stderr = os.Stderr
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				return err
-			}
-			in, err := cmd.StdinPipe()
-			if err != nil {
-				return err
-			}
-			if err := cmd.Start(); err != nil {
+			if err := start(words[1:]); err != nil {
 				fmt.Println("error", err)
-				continue
+				break
 			}
-			outReader := bufio.NewReader(out)
-			line, _ := outReader.ReadString('\n')
-			if strings.TrimSpace(line) != "ready" {
-				cmd.Process.Kill()
-				cmd.Wait()
-				fmt.Printf("error serving process did not start: %q\n", line)
-				continue
-			}
-			server, serverIn, serverOut = cmd, in, outReader
-			exited = make(chan struct{})
-			go func(done chan struct{}) {
-				cmd.Wait()
-				close(done)
-			}(exited)
 			fmt.Println("ok")
+		case "keep":
+			keep = true
+			fmt.Println("ok")
+		case "nokeep":
+			keep = false
+			fmt.Println("ok")
+		case "restarts":
+			fmt.Println("ok", restarts)
 		case "kill":
 			if server != nil {
-				server.Process.Signal(syscall.SIGKILL)
-				<-exited
+				cmd, done := server, exited
 				server = nil
+				mu.Unlock()
+				cmd.Process.Signal(syscall.SIGKILL)
+				<-done
+				mu.Lock()
 			}
 			fmt.Println("ok")
 		case "handles":
 			if server == nil {
 				fmt.Println("error no serving process")
-				continue
+				break
 			}
 			fmt.Fprintln(serverIn, "handles")
 			line, err := serverOut.ReadString('\n')
 			if err != nil {
 				fmt.Println("error the serving process did not answer:", err)
-				continue
+				break
 			}
 			fmt.Println("ok", strings.TrimSpace(line))
 		case "wait":
 			if server == nil {
 				fmt.Println("error no serving process")
-				continue
+				break
 			}
+			done := exited
+			mu.Unlock()
 			select {
-			case <-exited:
+			case <-done:
+				mu.Lock()
 				server = nil
 				fmt.Println("ok")
 			case <-time.After(time.Minute):
+				mu.Lock()
 				fmt.Println("error the serving process did not exit within a minute")
 			}
 		}
+		mu.Unlock()
 	}
-	if server != nil {
-		server.Process.Kill()
-		<-exited
+	mu.Lock()
+	keep = false
+	cmd, done := server, exited
+	mu.Unlock()
+	if cmd != nil {
+		cmd.Process.Kill()
+		<-done
 	}
 	return in.Err()
 }
@@ -350,9 +405,22 @@ func (h *restartHarness) command(c string) {
 	h.t.Helper()
 	fmt.Fprintln(h.cmds, c)
 	line, err := h.answers.ReadString('\n')
-	if strings.TrimSpace(line) != "ok" {
+	if f := strings.Fields(line); len(f) == 0 || f[0] != "ok" {
 		h.t.Fatalf("launcher %s: %q %v", c, line, err)
 	}
+}
+
+// restarts is how many serving processes have exited by themselves and
+// been followed by a successor since "keep".
+func (h *restartHarness) restarts() int {
+	h.t.Helper()
+	fmt.Fprintln(h.cmds, "restarts")
+	line, err := h.answers.ReadString('\n')
+	var n int
+	if _, e := fmt.Sscanf(line, "ok %d", &n); e != nil {
+		h.t.Fatalf("launcher restarts: %q %v", line, err)
+	}
+	return n
 }
 
 // start runs a serving process, with extra environment variables, and
