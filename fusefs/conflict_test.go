@@ -147,6 +147,50 @@ func TestConflictBlobDeleted(t *testing.T) {
 	})
 }
 
+// TestRenameCommitConflictIsESTALE: a rename commits the file's unsaved
+// changes first. When that commit fails because another writer (a second
+// mount, or the store API) created the name since this mount created its
+// file, the rename fails with ESTALE, the errno close and fsync give for
+// the same conflict, not EEXIST, which rename(2) uses for a non-empty
+// target directory. Nothing moves, the store keeps the other writer's
+// file, and this mount's data goes to lost+found at close.
+func TestRenameCommitConflictIsESTALE(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
+		mntA, _ := mountStore(t, s, conflictMountOptions)
+		optsB := conflictMountOptions
+		optsB.CacheDir = t.TempDir()
+		mntB, _ := mountStore(t, s, optsB)
+		for _, other := range []struct {
+			name   string
+			create func(t *testing.T, name string, data []byte)
+		}{
+			{"second mount", func(t *testing.T, name string, data []byte) {
+				if err := writeAndClose(join(mntA, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, data); err != nil {
+					t.Fatalf("writer A: %v", err)
+				}
+			}},
+			{"store API", func(t *testing.T, name string, data []byte) {
+				putBlob(t, s, name, data, nil)
+			}},
+		} {
+			t.Run(other.name, func(t *testing.T) {
+				name, renamed := "new-"+strings.ReplaceAll(other.name, " ", "-"), "renamed-"+strings.ReplaceAll(other.name, " ", "-")
+				dataA, dataB := []byte("A's file\n"), []byte("B's file, created first\n")
+				f := mustOpen(t, join(mntB, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL)
+				mustWriteHandle(t, f, dataB)
+				other.create(t, name, dataA)
+				wantErrno(t, os.Rename(join(mntB, name), join(mntB, renamed)), syscall.ESTALE)
+				wantErrno(t, f.Close(), syscall.ESTALE)
+				wantBlob(t, s, name, dataA)
+				wantNoBlob(t, s, renamed)
+				if kept := waitLostFound(t, optsB.CacheDir, name); !bytes.Contains(kept, dataB) {
+					t.Errorf("lost+found holds %q, want B's %q in it", kept, dataB)
+				}
+			})
+		}
+	})
+}
+
 // waitLostFound waits for the one file of blob name in cacheDir's
 // lost+found (a conflict is found again at the kernel's RELEASE, which
 // follows close(2) without the application waiting for it) and returns

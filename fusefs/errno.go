@@ -19,6 +19,8 @@ func toStatus(err error) fuse.Status {
 	switch {
 	case err == nil:
 		return fuse.OK
+	case errors.As(err, new(commitConflict)):
+		return fuse.Status(syscall.ESTALE)
 	case errors.Is(err, blobstore.ErrNotFound), errors.Is(err, fs.ErrNotExist):
 		return fuse.ENOENT
 	case errors.Is(err, blobstore.ErrAlreadyExists), errors.Is(err, fs.ErrExist):
@@ -44,3 +46,15 @@ func toStatus(err error) fuse.Status {
 		return fuse.EIO
 	}
 }
+
+// commitConflict is a commit that failed its condition (isConflict):
+// another writer changed, created or deleted the blob since this file's
+// writers saw it. It is ESTALE whatever the store answered, a failed
+// If-Match or an If-None-Match that found a blob: the errno of close and
+// fsync for it (FS.commit), and of a rename that commits the file first,
+// where EEXIST would say something else (rename(2): a non-empty target
+// directory).
+type commitConflict struct{ err error }
+
+func (c commitConflict) Error() string { return c.err.Error() }
+func (c commitConflict) Unwrap() error { return c.err }

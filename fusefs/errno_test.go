@@ -27,6 +27,8 @@ func TestToStatus(t *testing.T) {
 		{"ok", nil, fuse.OK},
 		{"not found", fmt.Errorf("stat: %w", blobstore.ErrNotFound), fuse.ENOENT},
 		{"changed by another writer", fmt.Errorf("commit: %w", blobstore.ErrPreconditionFailed), fuse.Status(syscall.ESTALE)},
+		{"created by another writer since this mount created it", fmt.Errorf("rename: %w", commitConflict{fmt.Errorf("put: %w", blobstore.ErrAlreadyExists)}), fuse.Status(syscall.ESTALE)},
+		{"name taken", fmt.Errorf("create: %w", blobstore.ErrAlreadyExists), fuse.Status(syscall.EEXIST)},
 		{"denied", blobstore.ErrUnauthorized, fuse.EACCES},
 		{"store unreachable", fmt.Errorf("list: %w (%w)", blobstore.ErrTransient, reset), fuse.EIO},
 		{"throttled", fmt.Errorf("put: %w (%w)", blobstore.ErrThrottled, reset), fuse.EIO},

@@ -40,17 +40,6 @@ import (
 	"syscall"
 )
 
-// knownDefectRenameConflictEEXIST accepts issue 38's defect 3
-// (TODO(issue 38, defect 3): remove once fixed): a rename through a mount
-// commits the file's unsaved changes first; when that commit fails
-// because another writer created the name since this mount created its
-// file (If-None-Match), the rename fails with EEXIST (toStatus of
-// ErrAlreadyExists) instead of ESTALE, the errno close and fsync give for
-// the same conflict (FS.commit) and the one docs/semantics.md names.
-// EEXIST from rename(2) says "the target is a directory that is not
-// empty". With the switch on, the model expects EEXIST there.
-const knownDefectRenameConflictEEXIST = true
-
 // knownIssueCreateOverHeldFile skips a pattern whose verdict is open
 // (TODO(issue 38, finding 4)): a mount holds a file open (a reader, no
 // local copy), another writer removes the blob, and the mount then
@@ -720,7 +709,7 @@ func (m *model) renameFile(mnt int, src, dst string) syscall.Errno {
 	if sf != nil {
 		// Its changes are committed first, then the blob is copied.
 		if e := m.commit(sf); e != 0 {
-			return renameCommitErrno(sf, e)
+			return e
 		}
 	}
 	if df := m.mountFile(mnt, dst); df != nil {
@@ -741,15 +730,6 @@ func (m *model) renameFile(mnt int, src, dst string) syscall.Errno {
 	}
 	m.keepDir(parentOf(src))
 	return 0
-}
-
-// renameCommitErrno is the errno of a rename whose commit of an open file
-// failed its condition.
-func renameCommitErrno(f *mfile, e syscall.Errno) syscall.Errno {
-	if knownDefectRenameConflictEEXIST && e == syscall.ESTALE && f.base == 0 {
-		return syscall.EEXIST
-	}
-	return e
 }
 
 // renameDir renames directory src to dst through mnt: every blob under it
@@ -773,7 +753,7 @@ func (m *model) renameDir(mnt int, src, dst string) syscall.Errno {
 	for _, f := range slices.Clone(m.files) {
 		if f.mount == mnt && !f.unlinked && strings.HasPrefix(f.path, src+"/") {
 			if e := m.commit(f); e != 0 {
-				return renameCommitErrno(f, e)
+				return e
 			}
 		}
 	}

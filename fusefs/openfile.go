@@ -604,6 +604,9 @@ func (of *openFile) commit(ctx context.Context) error {
 	if err != nil {
 		of.commitErr = err
 		of.mu.Unlock()
+		if isConflict(err) {
+			err = commitConflict{err}
+		}
 		return fmt.Errorf("upload %q: %w", path, err)
 	}
 	of.committedGen = gen
