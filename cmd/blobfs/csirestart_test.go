@@ -16,13 +16,19 @@ import (
 	"time"
 )
 
-// childPIDs lists the children of a process.
+// childPIDs lists the children of a process. /proc lists a child under
+// the thread that forked it, and a Go program forks from whichever thread
+// runs the goroutine: every thread's list counts (the main thread's alone
+// read empty now and then).
 func childPIDs(pid int) []int {
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		if n, err := strconv.Atoi(f); err == nil {
-			out = append(out, n)
+	for _, task := range tasks {
+		b, _ := os.ReadFile(task)
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
 		}
 	}
 	return out

@@ -568,8 +568,13 @@ func (c *cluster) driverProcess() (pod *corev1.Pod, supervisor, driver int, err 
 	if err != nil {
 		return nil, 0, 0, err
 	}
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", supervisor, supervisor))
-	children := strings.Fields(string(b))
+	// Every thread's children: a Go process forks from any thread.
+	var children []string
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", supervisor))
+	for _, task := range tasks {
+		b, _ := os.ReadFile(task)
+		children = append(children, strings.Fields(string(b))...)
+	}
 	if len(children) != 1 {
 		return nil, 0, 0, fmt.Errorf("the blobfs container's main process %d has children %v, want the one driver", supervisor, children)
 	}
