@@ -975,7 +975,8 @@ func (c *checker) LoseSessionInRename(t *rapid.T) {
 	c.h.served.kill()
 	c.h.served.start("BLOBFS_TEST_CRASH=rename/copied/*")
 	done := make(chan error, 1)
-	go func() { done <- syscall.Rename(c.path(0, src), c.path(0, dst)) }()
+	from, to := c.path(0, src), c.path(0, dst) // remountA moves mount A
+	go func() { done <- syscall.Rename(from, to) }()
 	for c.openFilesOf(0) >= 0 { // until the serving process is dead
 		select {
 		case err := <-done:
