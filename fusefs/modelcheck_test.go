@@ -948,9 +948,10 @@ func (c *checker) LoseSessionInRename(t *rapid.T) {
 	if c.m.mountFile(0, src) != nil || c.m.mountFile(0, dst) != nil {
 		t.Skip("a file open at either name") // its commit comes first
 	}
+	isFile := c.m.storeKind(src) == kFile
 	before := c.m.snapshot()
 	want := c.m.renameFile(0, src, dst)
-	if want != 0 || src == dst || c.m.storeKind(src) != kFile {
+	if want != 0 || src == dst || !isFile {
 		c.m.restore(before)
 		t.Skip("the rename copies nothing")
 	}
@@ -959,7 +960,8 @@ func (c *checker) LoseSessionInRename(t *rapid.T) {
 	c.h.served.kill()
 	c.h.served.start("BLOBFS_TEST_CRASH=rename/copied/*")
 	done := make(chan error, 1)
-	go func() { done <- syscall.Rename(c.path(0, src), c.path(0, dst)) }()
+	from, to := c.path(0, src), c.path(0, dst) // remountA moves mount A
+	go func() { done <- syscall.Rename(from, to) }()
 	for c.openFilesOf(0) >= 0 { // until the serving process is dead
 		select {
 		case err := <-done:
