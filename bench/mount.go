@@ -182,28 +182,10 @@ func mountpoints() ([]string, error) {
 		// The fifth field is the mountpoint, with space, tab, newline and
 		// backslash escaped as octal.
 		if f := strings.Fields(line); len(f) >= 5 {
-			mps = append(mps, unescapeOctal(f[4]))
+			mps = append(mps, fusefs.UnescapeMountInfo(f[4]))
 		}
 	}
 	return mps, nil
-}
-
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // tailBuffer keeps the last max bytes written to it: a child's output,

@@ -1,35 +1,16 @@
 package blobstore_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/blobstore/storetest"
 )
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test reading it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // waitFor polls cond until it holds or the test's patience ends.
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -53,7 +34,7 @@ func TestWatchedWarnsWhileCallHangs(t *testing.T) {
 		t.Fatal(err)
 	}
 	faulty := blobstore.NewFaulty(mem, blobstore.FaultOptions{})
-	var out syncBuffer
+	var out storetest.LogBuffer
 	log := slog.New(slog.NewTextHandler(&out, nil))
 	w := blobstore.NewWatched(faulty, blobstore.WatchOptions{Log: log, Threshold: 50 * time.Millisecond, Interval: 50 * time.Millisecond})
 

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/blobfs/blobfs/fusefs"
 )
 
 // Repairing the views running containers have of a volume.
@@ -241,8 +243,8 @@ func readMountinfo(mountinfo string) ([]mountEntry, error) {
 		}
 		out = append(out, mountEntry{
 			id: id, parent: parent, dev: fields[2],
-			root: unescapeOctal(fields[3]), mountPoint: unescapeOctal(fields[4]), opts: fields[5],
-			fsType: fields[sep+1], source: unescapeOctal(fields[sep+2]),
+			root: fusefs.UnescapeMountInfo(fields[3]), mountPoint: fusefs.UnescapeMountInfo(fields[4]), opts: fields[5],
+			fsType: fields[sep+1], source: fusefs.UnescapeMountInfo(fields[sep+2]),
 		})
 	}
 	return out, s.Err()
@@ -292,25 +294,6 @@ func hasOption(opts, want string) bool {
 		}
 	}
 	return false
-}
-
-// unescapeOctal undoes mountinfo's \NNN escapes (space, tab, newline, \).
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // replaceView clones the working mount (the directory of it the dead
@@ -414,27 +397,37 @@ func replaceView(proc string, src *os.File, v deadView) (kept int, lost []error,
 // trusts the names the dead connection gave (its entry timeout): past
 // that, a lookup through it fails.
 func cloneInPlace(n mountEntry) (int, error) {
-	fd, err := unix.Openat2(unix.AT_FDCWD, n.mountPoint, &unix.OpenHow{
-		Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS,
-	})
+	fd, err := openMountTop(n)
 	if err != nil {
 		return -1, err
 	}
 	defer unix.Close(fd)
-	// The mount on top of the path, which is n unless another one was
-	// stacked on it.
-	var st unix.Statx_t
-	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st); err != nil {
-		return -1, err
-	}
-	if st.Mask&unix.STATX_MNT_ID == 0 || st.Mnt_id != uint64(n.id) {
-		return -1, fmt.Errorf("another mount than %d is on top of the path", n.id)
-	}
 	tree, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
 	if err != nil {
 		return -1, fmt.Errorf("clone: %w", err)
 	}
 	return tree, nil
+}
+
+// openMountTop opens m's mount point (O_PATH, no symlink followed) and
+// checks that the mount on top of it is m, not one stacked on it since.
+func openMountTop(m mountEntry) (int, error) {
+	fd, err := unix.Openat2(unix.AT_FDCWD, m.mountPoint, &unix.OpenHow{
+		Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS,
+	})
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	if st.Mask&unix.STATX_MNT_ID == 0 || st.Mnt_id != uint64(m.id) {
+		unix.Close(fd)
+		return -1, fmt.Errorf("another mount than %d is on top of the path", m.id)
+	}
+	return fd, nil
 }
 
 // cloneSameDirectory clones, from the mounts of this process's namespace
@@ -462,20 +455,11 @@ func cloneSameDirectory(own []mountEntry, n mountEntry) (int, error) {
 // cloneBelow clones the mount m, reduced to its directory rel, with the
 // restrictions in opts.
 func cloneBelow(m mountEntry, rel, opts string) (int, error) {
-	fd, err := unix.Openat2(unix.AT_FDCWD, m.mountPoint, &unix.OpenHow{
-		Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS,
-	})
+	fd, err := openMountTop(m)
 	if err != nil {
 		return -1, err
 	}
 	defer unix.Close(fd)
-	var st unix.Statx_t
-	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st); err != nil {
-		return -1, err
-	}
-	if st.Mask&unix.STATX_MNT_ID == 0 || st.Mnt_id != uint64(m.id) {
-		return -1, fmt.Errorf("another mount than %d is on top of the path", m.id)
-	}
 	dir := fd
 	if rel != "" {
 		// Never through a symlink, out of the filesystem or into

@@ -31,6 +31,18 @@ var conflictModes = []struct {
 	{"O_CREAT new name", os.O_WRONLY | os.O_CREATE, false},
 }
 
+// twoMounts mounts store twice with conflictMountOptions, each with a
+// cache directory of its own, and returns both mount points and the
+// second one's cache directory (where its lost+found is).
+func twoMounts(t *testing.T, store blobstore.Store) (mntA, mntB, cacheB string) {
+	t.Helper()
+	mntA, _ = mountStore(t, store, conflictMountOptions)
+	optsB := conflictMountOptions
+	optsB.CacheDir = t.TempDir()
+	mntB, _ = mountStore(t, store, optsB)
+	return mntA, mntB, optsB.CacheDir
+}
+
 // conflictMountOptions: no attribute, entry or listing cache, so that a
 // mount sees at once what the other mount or the store API changed; with
 // them, a lookup could answer from what it saw a moment before, and the
@@ -156,10 +168,7 @@ func TestConflictBlobDeleted(t *testing.T) {
 // file, and this mount's data goes to lost+found at close.
 func TestRenameCommitConflictIsESTALE(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
-		mntA, _ := mountStore(t, s, conflictMountOptions)
-		optsB := conflictMountOptions
-		optsB.CacheDir = t.TempDir()
-		mntB, _ := mountStore(t, s, optsB)
+		mntA, mntB, cacheB := twoMounts(t, s)
 		for _, other := range []struct {
 			name   string
 			create func(t *testing.T, name string, data []byte)
@@ -183,7 +192,7 @@ func TestRenameCommitConflictIsESTALE(t *testing.T) {
 				wantErrno(t, f.Close(), syscall.ESTALE)
 				wantBlob(t, s, name, dataA)
 				wantNoBlob(t, s, renamed)
-				if kept := waitLostFound(t, optsB.CacheDir, name); !bytes.Contains(kept, dataB) {
+				if kept := waitLostFound(t, cacheB, name); !bytes.Contains(kept, dataB) {
 					t.Errorf("lost+found holds %q, want B's %q in it", kept, dataB)
 				}
 			})
@@ -583,10 +592,7 @@ func TestSuidKillBeforeWriteIsNoConflict(t *testing.T) {
 // (TestConflictNoSilentLostUpdate).
 func TestOtherMetadataChangeIsNoConflict(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
-		mntA, _ := mountStore(t, s, conflictMountOptions)
-		optsB := conflictMountOptions
-		optsB.CacheDir = t.TempDir()
-		mntB, _ := mountStore(t, s, optsB)
+		mntA, mntB, cacheB := twoMounts(t, s)
 		others := []struct {
 			name   string
 			change func(t *testing.T, name string)
@@ -637,7 +643,7 @@ func TestOtherMetadataChangeIsNoConflict(t *testing.T) {
 						if st := lstat(t, join(mntA, name)); st.Mode&0o777 != 0o600 {
 							t.Errorf("mode %o after the commit, want the other client's 600", st.Mode&0o777)
 						}
-						if kept, _ := filepath.Glob(filepath.Join(optsB.CacheDir, "lost+found", "*")); len(kept) > 0 {
+						if kept, _ := filepath.Glob(filepath.Join(cacheB, "lost+found", "*")); len(kept) > 0 {
 							t.Errorf("lost+found holds %v, want nothing", kept)
 						}
 					})
@@ -655,10 +661,7 @@ func TestOtherMetadataChangeIsNoConflict(t *testing.T) {
 // by the model-based checker: a silent lost update.)
 func TestRenameDoesNotAdoptOtherVersion(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
-		mntA, _ := mountStore(t, s, conflictMountOptions)
-		optsB := conflictMountOptions
-		optsB.CacheDir = t.TempDir()
-		mntB, _ := mountStore(t, s, optsB)
+		mntA, mntB, cacheB := twoMounts(t, s)
 		for i, c := range []struct {
 			name     string
 			from, to string // what B renames, and the file's name after
@@ -685,7 +688,7 @@ func TestRenameDoesNotAdoptOtherVersion(t *testing.T) {
 				wantErrno(t, f.Close(), syscall.ESTALE)
 				moved := c.to + strings.TrimPrefix(c.file, c.from)
 				wantBlob(t, s, moved, other)
-				if kept := waitLostFound(t, optsB.CacheDir, filepath.Base(moved)); !bytes.Contains(kept, []byte(" second write")) {
+				if kept := waitLostFound(t, cacheB, filepath.Base(moved)); !bytes.Contains(kept, []byte(" second write")) {
 					t.Errorf("lost+found holds %q, want B's second write in it", kept)
 				}
 			})

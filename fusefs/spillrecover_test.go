@@ -43,6 +43,30 @@ func serveAlone() error {
 	return sess.Wait()
 }
 
+// startLoneServer starts a process that mounts mp over the local store in
+// storeDir, with cache as its cache directory, and serves it alone
+// (serveAlone), with extra environment variables; it returns once the
+// mount serves. Killing it loses the session.
+func startLoneServer(t *testing.T, mp, storeDir, cache string, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), loneServeEnv+"="+mp, "BLOBFS_TEST_STORE="+storeDir, "BLOBFS_TEST_CACHE="+cache)
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); Unmount(mp, true) })
+	if line, _ := bufio.NewReader(out).ReadString('\n'); strings.TrimSpace(line) != "ready" {
+		t.Fatalf("serving process: %q", line)
+	}
+	return cmd
+}
+
 // TestLostSessionSpillFilesRecovered: a mount's only serving process is
 // killed while files are open for writing, so the mount dies with their
 // data only in the cache directory. The next filesystem on the same store
@@ -105,20 +129,7 @@ func TestLostSessionSpillFilesRecovered(t *testing.T) {
 		}
 	}
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), loneServeEnv+"="+mp, "BLOBFS_TEST_STORE="+storeDir, "BLOBFS_TEST_CACHE="+cache)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); Unmount(mp, true) })
-	if line, _ := bufio.NewReader(out).ReadString('\n'); strings.TrimSpace(line) != "ready" {
-		t.Fatalf("serving process: %q", line)
-	}
+	cmd := startLoneServer(t, mp, storeDir, cache)
 
 	if err := os.Mkdir(join(mp, "dir"), 0o755); err != nil {
 		t.Fatal(err)
@@ -462,21 +473,7 @@ func TestLostSessionRenameFinished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), loneServeEnv+"="+mp, "BLOBFS_TEST_STORE="+storeDir, "BLOBFS_TEST_CACHE="+cache,
-		"BLOBFS_TEST_CRASH=rename/copied/f.tmp")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); Unmount(mp, true) })
-	if line, _ := bufio.NewReader(out).ReadString('\n'); strings.TrimSpace(line) != "ready" {
-		t.Fatalf("serving process: %q", line)
-	}
+	cmd := startLoneServer(t, mp, storeDir, cache, "BLOBFS_TEST_CRASH=rename/copied/f.tmp")
 	data := []byte("saved atomically\n")
 	mustWrite(t, join(mp, "f.tmp"), data)
 	if err := os.Rename(join(mp, "f.tmp"), join(mp, "f")); err == nil {

@@ -749,32 +749,11 @@ func mountAt(path string) (mountutils.MountInfo, bool) {
 		return mountutils.MountInfo{}, false
 	}
 	for i := len(infos) - 1; i >= 0; i-- {
-		if unescapeMountInfo(infos[i].MountPoint) == path {
+		if fusefs.UnescapeMountInfo(infos[i].MountPoint) == path {
 			return infos[i], true
 		}
 	}
 	return mountutils.MountInfo{}, false
-}
-
-// unescapeMountInfo undoes the kernel's octal escapes in a mountinfo
-// field (a space is \040, a tab \011, a newline \012, a backslash
-// \134), which mountutils leaves in.
-func unescapeMountInfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // blobfsFsType is the file system type of every blobfs mount in the mount

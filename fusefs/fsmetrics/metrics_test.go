@@ -1,7 +1,6 @@
 package fsmetrics
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -9,13 +8,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/blobstore/storetest"
 	"github.com/blobfs/blobfs/fusefs"
 )
 
@@ -211,7 +210,7 @@ func TestLsLongCostPerEntry(t *testing.T) {
 // logged at WARN; once it ends the gauge is 0 again.
 func TestVolumeOldestRequest(t *testing.T) {
 	faulty := blobstore.NewFaulty(blobstore.NewMemory(), blobstore.FaultOptions{})
-	var logged syncBuffer
+	var logged storetest.LogBuffer
 	m := New()
 	vol := m.NewVolume("vol-1")
 	watched := blobstore.NewWatched(vol.InstrumentStore(faulty), blobstore.WatchOptions{
@@ -252,22 +251,4 @@ func TestVolumeOldestRequest(t *testing.T) {
 	if v, _ := value(t, m, name, "vol-1"); v != 0 {
 		t.Fatalf("%s after the request ended: %v, want 0", name, v)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test reading it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
