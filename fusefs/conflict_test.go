@@ -159,6 +159,50 @@ func TestConflictBlobDeleted(t *testing.T) {
 	})
 }
 
+// TestCreateAfterOtherDeleteWhileHeld: this mount holds a file open (a
+// reader, or a writer that has not written yet), another writer deletes
+// its blob, and a process of this mount creates the name again
+// (O_CREAT). That is a new file: its close commits, with no conflict and
+// nothing in lost+found. Before, the CREATE reused the held node's open
+// file, whose commit was conditional on the deleted blob's ETag: close
+// gave ESTALE and the new bytes went to lost+found. The held writer, whose
+// blob was deleted, cannot write over the new file.
+func TestCreateAfterOtherDeleteWhileHeld(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
+		opts := conflictMountOptions
+		opts.CacheDir = t.TempDir()
+		mnt, _ := mountStore(t, s, opts)
+		for i, held := range []int{os.O_RDONLY, os.O_WRONLY, os.O_RDWR} {
+			name := fmt.Sprintf("recreated%d", i)
+			putBlob(t, s, name, []byte("old content\n"), nil)
+			h := mustOpen(t, join(mnt, name), held)
+			if err := s.Delete(t.Context(), name, blobstore.Conditions{}); err != nil {
+				t.Fatal(err)
+			}
+			created := []byte("created again\n")
+			if err := writeAndClose(join(mnt, name), os.O_WRONLY|os.O_CREATE, created); err != nil {
+				t.Fatalf("held %s: create again: %v", flagString(held), err)
+			}
+			wantBlob(t, s, name, created)
+			if got := mustRead(t, join(mnt, name)); !bytes.Equal(got, created) {
+				t.Errorf("held %s: read %q through the mount, want %q", flagString(held), got, created)
+			}
+			if held != os.O_RDONLY {
+				// Its first write must read the deleted blob's
+				// content first: ENOENT, as without the new file
+				// (docs/semantics.md).
+				_, err := h.Write([]byte("held writer\n"))
+				wantErrno(t, err, syscall.ENOENT)
+			}
+			mustClose(t, h.Close())
+			wantBlob(t, s, name, created)
+		}
+		if kept, _ := filepath.Glob(filepath.Join(opts.CacheDir, "lost+found", "*")); len(kept) != 0 {
+			t.Errorf("lost+found holds %v", kept)
+		}
+	})
+}
+
 // TestRenameCommitConflictIsESTALE: a rename commits the file's unsaved
 // changes first. When that commit fails because another writer (a second
 // mount, or the store API) created the name since this mount created its

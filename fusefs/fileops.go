@@ -436,6 +436,16 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 
 	fs.mu.Lock()
 	now := time.Now()
+	if old := fs.nodes.child(dir.id, name); old != nil && old.file != nil && !old.file.hasSpill.Load() {
+		// The kernel creates a name this mount still binds to a file
+		// open here with nothing of its own: the lookup before this
+		// CREATE found no blob, so another writer deleted it. As after
+		// an unlink, the open handles keep the old node without a name
+		// (a writer among them conflicts at its commit: its blob is
+		// gone), and the new file is a new node whose commit requires
+		// that no blob exist, not the deleted one's ETag.
+		fs.nodes.detach(old)
+	}
 	n := fs.nodes.bind(dir.id, name, kindFile)
 	if n.file == nil {
 		n.inStore = false

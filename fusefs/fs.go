@@ -117,9 +117,6 @@ type FS struct {
 
 var _ fuse.RawFileSystem = (*FS)(nil)
 
-// errStale reports a node the filesystem no longer knows.
-var errStale = errors.New("stale node")
-
 // New returns a filesystem over store. Options are validated here.
 func New(store blobstore.Store, opts Options) (*FS, error) {
 	if store == nil {

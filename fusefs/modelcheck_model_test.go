@@ -40,48 +40,6 @@ import (
 	"syscall"
 )
 
-// knownIssueCreateOverHeldFile skips a pattern whose verdict is open
-// (TODO(issue 38, finding 4)): a mount holds a file open (a reader, no
-// local copy), another writer removes the blob, and the mount then
-// creates the name again (O_CREAT). The model takes that for a new file
-// (a new open file, committed on the condition that there is no blob);
-// blobfs binds the name to the node it still has and reuses its open
-// file, whose commit is conditional on the removed blob's ETag. The
-// checker stops at the count of open files; the errno of the close is
-// what to settle next. With the switch on, such an open is not generated.
-const knownIssueCreateOverHeldFile = true
-
-// knownDefectUnlinkedForgottenAcrossRestart skips a defect the crash
-// checker found (TODO(issue 38, checker phase 2)): a file open through a
-// mount and then unlinked through it (of.unlinked, nsops.go Unlink or the
-// target of a rename) is not marked so in the state region; after the
-// serving process is killed and a successor adopts the mount, the handle's
-// next fsync (or close) tries to commit the file and fails with ESTALE.
-// POSIX (and the model, and blobfs without a restart) say it succeeds and
-// nothing is uploaded: the file lives on without a name until its last
-// close. Shrunk: open a O_WRONLY|O_CREAT, pwrite, fsync, unlink a, kill
-// the serving process and start a successor, pwrite, fsync: ESTALE. With
-// the switch on, the checker does not crash mount A while it holds such a
-// file, nor unlink one while a crash point is armed.
-const knownDefectUnlinkedForgottenAcrossRestart = false // fixed: the spill record keeps Unlinked
-
-// knownDefectPendingMtimeLostAcrossRestart skips a second defect the crash
-// checker found (TODO(issue 38, checker phase 2)): utimensat of a file a
-// mount is writing (unsaved changes: the mtime waits for the next commit,
-// openFile.setAttrs sets of.mtime) is kept neither in the state region nor
-// in the spill file's record (writePOSIX writes no blobfs_mtime); after the
-// serving process is killed and a successor adopts the mount, the commit
-// at close stores the commit's time. Shrunk: a blob "old"; open O_WRONLY|
-// O_APPEND, write, utimensat 2001-02-03, kill the serving process and
-// start a successor, close: mtime is now, not 2001-02-03 (without the
-// restart it is). With the switch on, the checker does not crash mount A
-// while it holds such a file, nor set an mtime through it while a crash
-// point is armed.
-const knownDefectPendingMtimeLostAcrossRestart = false // fixed: the spill record keeps a waiting mtime
-
-// errSkip: the operation falls in a known-issue pattern; the action skips.
-const errSkip = syscall.Errno(0xfffe)
-
 // errENOENTOrOK: either ENOENT or success is right.
 const errENOENTOrOK = syscall.Errno(0xfffd)
 
@@ -172,28 +130,6 @@ type model struct {
 
 func newModel(fileMode uint32) *model {
 	return &model{store: map[string]*mblob{}, fileMode: fileMode}
-}
-
-// holdsUnlinked: mount mnt holds a file open that was unlinked (or
-// replaced by a rename) through it.
-func (m *model) holdsUnlinked(mnt int) bool {
-	for _, f := range m.files {
-		if f.mount == mnt && f.unlinked {
-			return true
-		}
-	}
-	return false
-}
-
-// holdsPendingMtime: mount mnt holds a file with unsaved changes and an
-// explicit mtime that waits for their commit.
-func (m *model) holdsPendingMtime(mnt int) bool {
-	for _, f := range m.files {
-		if f.mount == mnt && f.dirty && !f.unlinked && f.attrs.mtime != 0 {
-			return true
-		}
-	}
-	return false
 }
 
 func (m *model) nextVer() int { m.ver++; return m.ver }
@@ -356,11 +292,6 @@ func (m *model) open(mnt int, p string, flags int) (*mhandle, syscall.Errno) {
 	case kNone:
 		if flags&syscall.O_CREAT == 0 {
 			return nil, syscall.ENOENT
-		}
-		for _, f := range m.files {
-			if knownIssueCreateOverHeldFile && f.mount == mnt && f.path == p && !f.unlinked {
-				return nil, errSkip
-			}
 		}
 		f := &mfile{mount: mnt, path: p, hasSpill: true, spill: []byte{}, dirty: true, opened: true, pending: true,
 			attrs: mattrs{perm: m.fileMode, owned: true}}

@@ -498,9 +498,6 @@ func (c *checker) Open(t *rapid.T) {
 	}
 	c.mayFault(mnt)
 	mh, want := c.m.open(mnt, p, fl)
-	if want == errSkip {
-		t.Skip("knownIssueCreateOverHeldFile")
-	}
 	f, err := os.OpenFile(c.path(mnt, p), fl, 0o644)
 	c.expect(fmt.Sprintf("%s open %s %s", slotName(s), p, flagString(fl)), err, want)
 	if err == nil {
@@ -655,9 +652,6 @@ func (c *checker) AttrFd(t *rapid.T) {
 	s := c.drawSlot(true)
 	h := c.slots[s]
 	op := c.drawAttr()
-	if c.timesArmed(s/2, op) {
-		t.Skip("knownDefectPendingMtimeLostAcrossRestart")
-	}
 	c.mayFault(s / 2)
 	want := c.m.setAttr(s/2, "", h.m, op, c.h.defaults)
 	c.expect(fmt.Sprintf("%s f%s (%s)", slotName(s), op, h.m.desc), applyAttr(h.f, "", op), want)
@@ -668,9 +662,6 @@ func (c *checker) AttrPath(t *rapid.T) {
 	mnt := c.drawMount()
 	p := rapid.SampledFrom(modelFiles).Draw(t, "path")
 	op := c.drawAttr()
-	if c.timesArmed(mnt, op) {
-		t.Skip("knownDefectPendingMtimeLostAcrossRestart")
-	}
 	c.mayFault(mnt)
 	want := c.m.setAttr(mnt, p, nil, op, c.h.defaults)
 	c.expect(fmt.Sprintf("%s %s %s", mountName(mnt), op, p), applyAttr(nil, c.path(mnt, p), op), want)
@@ -681,9 +672,6 @@ func (c *checker) RenameFile(t *rapid.T) {
 	mnt := c.drawMount()
 	src := rapid.SampledFrom(modelFiles).Draw(t, "src")
 	dst := rapid.SampledFrom(modelFiles).Draw(t, "dst")
-	if src != dst && c.unlinksHeld(mnt, dst) {
-		t.Skip("knownDefectUnlinkedForgottenAcrossRestart")
-	}
 	c.mayFault(mnt)
 	want := c.m.renameFile(mnt, src, dst)
 	c.expect(fmt.Sprintf("%s rename %s %s", mountName(mnt), src, dst), syscall.Rename(c.path(mnt, src), c.path(mnt, dst)), want)
@@ -703,9 +691,6 @@ func (c *checker) Unlink(t *rapid.T) {
 	c.settle()
 	mnt := c.drawMount()
 	p := rapid.SampledFrom(modelAll).Draw(t, "path")
-	if c.unlinksHeld(mnt, p) {
-		t.Skip("knownDefectUnlinkedForgottenAcrossRestart")
-	}
 	c.mayFault(mnt)
 	want := c.m.unlink(mnt, p)
 	c.expect(fmt.Sprintf("%s unlink %s", mountName(mnt), p), syscall.Unlink(c.path(mnt, p)), want)
@@ -900,27 +885,6 @@ func (c *checker) crashable(t *rapid.T) {
 	if c.h.served == nil {
 		t.Skip("mount A is served in this process")
 	}
-	// A crash point armed and not reached yet is replaced (the serving
-	// process is replaced).
-	if knownDefectUnlinkedForgottenAcrossRestart && c.m.holdsUnlinked(0) {
-		t.Skip("knownDefectUnlinkedForgottenAcrossRestart")
-	}
-	if knownDefectPendingMtimeLostAcrossRestart && c.m.holdsPendingMtime(0) {
-		t.Skip("knownDefectPendingMtimeLostAcrossRestart")
-	}
-}
-
-// timesArmed: a utime through mount mnt while a crash point is armed for
-// it (knownDefectPendingMtimeLostAcrossRestart).
-func (c *checker) timesArmed(mnt int, op attrOp) bool {
-	return knownDefectPendingMtimeLostAcrossRestart && mnt == 0 && c.h.armed != "" && op.kind == "utime"
-}
-
-// unlinksHeld: an unlink of p through mnt (or a rename over it) would
-// leave an open file unlinked while a crash point is armed for mount A
-// (knownDefectUnlinkedForgottenAcrossRestart).
-func (c *checker) unlinksHeld(mnt int, p string) bool {
-	return knownDefectUnlinkedForgottenAcrossRestart && mnt == 0 && c.h.armed != "" && c.m.mountFile(mnt, p) != nil
 }
 
 // LoseSession kills mount A's serving process and its launcher (the

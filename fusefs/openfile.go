@@ -165,8 +165,13 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 	}
 	if load {
 		if !ok {
+			// The file lost its name without this mount unlinking it
+			// (an unlink here keeps its content first): another writer
+			// deleted its blob, and this mount gave the name to a new
+			// file. There is nothing to read, as when the deletion is
+			// found by the Stat below.
 			of.fs.spills.put(f)
-			return errStale
+			return fmt.Errorf("%w: its blob was deleted and the name is another file's now", blobstore.ErrNotFound)
 		}
 		if inStore {
 			a, err := of.fs.store.Stat(ctx, path)
