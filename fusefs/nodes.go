@@ -11,14 +11,23 @@ import (
 //
 // blobfs issues its own ids (it does not use go-fuse's fs package) because a
 // restarted process must resolve ids that an earlier process handed out: the
-// kernel keeps using them. Ids are never reused within a table, so a stale id
-// can be told apart from a live one. A node lives while the kernel holds a
+// kernel keeps using them. An id is never given to another name within a
+// table, so a stale id can be told apart from a live one; the kernel's inode
+// number is the id. A node lives while the kernel holds a
 // lookup reference to it (counted by LOOKUP/CREATE/MKDIR/... replies and
 // READDIRPLUS entries, dropped by FORGET) or while a file handle uses it.
 //
 // Locking: the table and every node field below are guarded by FS.mu. Nodes
 // are never touched without it; the data of an open file lives in openFile,
 // which has its own lock.
+//
+// A file keeps its inode number when the kernel forgets it (it evicts
+// inodes it does not use, under memory pressure or drop_caches) and looks
+// its name up again: the table remembers the ids of the last
+// rememberedIDs named nodes it dropped, by name, and gives such a name its
+// old id back. Tools that tell files apart by (st_dev, st_ino) (tar, rsync
+// -H, find, git's index, log followers) then see the same file, as
+// pjdfstest's rename tests check after a rename away and back.
 
 type nodeKind uint8
 
@@ -101,11 +110,29 @@ type bindingKey struct {
 	name   string
 }
 
+// rememberedIDs bounds the ids the table keeps for dropped names: about
+// 100 bytes each (a 3 MiB table at most), proportional to the files a
+// mount has looked up, not to the container's size.
+const rememberedIDs = 1 << 15
+
+// rememberedID is a dropped node's id, for the next node of its name.
+type rememberedID struct {
+	key  bindingKey
+	id   uint64
+	kind nodeKind
+}
+
 type nodeTable struct {
-	byID     map[uint64]*node
-	byName   map[bindingKey]*node
-	nextID   uint64
-	rootTime time.Time
+	byID   map[uint64]*node
+	byName map[bindingKey]*node
+	nextID uint64
+	// remembered maps a dropped node's name to its id; forgotten is a
+	// ring of the same entries (consumed ones included) whose oldest,
+	// at index oldest once the ring is full, goes first.
+	remembered map[bindingKey]rememberedID
+	forgotten  []rememberedID
+	oldest     int
+	rootTime   time.Time
 	// state journals every change the kernel may depend on; nil when the
 	// mount need not survive its process.
 	state *stateRegion
@@ -116,10 +143,11 @@ type nodeTable struct {
 
 func newNodeTable() *nodeTable {
 	t := &nodeTable{
-		byID:     map[uint64]*node{},
-		byName:   map[bindingKey]*node{},
-		nextID:   fuse.FUSE_ROOT_ID + 1,
-		rootTime: time.Now(),
+		byID:       map[uint64]*node{},
+		byName:     map[bindingKey]*node{},
+		nextID:     fuse.FUSE_ROOT_ID + 1,
+		remembered: map[bindingKey]rememberedID{},
+		rootTime:   time.Now(),
 	}
 	t.byID[fuse.FUSE_ROOT_ID] = &node{id: fuse.FUSE_ROOT_ID, kind: kindDir, lookups: 1, mtime: t.rootTime, inStore: true}
 	return t
@@ -176,11 +204,41 @@ func (t *nodeTable) bind(parent uint64, name string, kind nodeKind) *node {
 		}
 		t.detach(n)
 	}
-	n := &node{id: t.nextID, kind: kind}
-	t.nextID++
+	n := &node{id: t.newID(bindingKey{parent, name}, kind), kind: kind}
 	t.byID[n.id] = n
 	t.link(n, parent, name)
 	return n
+}
+
+// newID returns the id for a new node of name key: the one its last node
+// had, if the table remembers it, otherwise a new one.
+func (t *nodeTable) newID(key bindingKey, kind nodeKind) uint64 {
+	if r, ok := t.remembered[key]; ok {
+		delete(t.remembered, key)
+		if r.kind == kind && t.byID[r.id] == nil {
+			return r.id
+		}
+	}
+	id := t.nextID
+	t.nextID++
+	return id
+}
+
+// remember keeps the id of n, dropped while it still had its name.
+func (t *nodeTable) remember(n *node) {
+	r := rememberedID{key: bindingKey{n.parent, n.name}, id: n.id, kind: n.kind}
+	if len(t.forgotten) < rememberedIDs {
+		t.forgotten = append(t.forgotten, r)
+	} else {
+		// Full: the oldest entry makes room, unless consumed already.
+		old := t.forgotten[t.oldest]
+		if t.remembered[old.key] == old {
+			delete(t.remembered, old.key)
+		}
+		t.forgotten[t.oldest] = r
+		t.oldest = (t.oldest + 1) % rememberedIDs
+	}
+	t.remembered[r.key] = r
 }
 
 // detach removes n's name; the id stays valid until the kernel forgets it.
@@ -272,6 +330,9 @@ func (t *nodeTable) maybeDrop(n *node) {
 	delete(t.byID, n.id)
 	if t.state != nil {
 		t.state.append(idRecord(nil, recNodeDrop, n.id))
+	}
+	if n.parent != 0 {
+		t.remember(n)
 	}
 	t.unlink(n)
 }
