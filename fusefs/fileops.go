@@ -153,12 +153,38 @@ func (fs *FS) releaseFile(of *openFile) {
 		// with it: a process killed in between would leave the spill
 		// file behind, unknown to its successor.
 		of.close()
+		var listed string
 		fs.mu.Lock()
 		if of.n.file == nil {
+			if of.keptFailed.Load() {
+				listed = fs.showStoredLocked(of.n)
+			}
 			fs.nodes.maybeDrop(of.n)
 		}
 		fs.mu.Unlock()
+		if listed != "" {
+			dir, _ := splitPath(listed)
+			fs.lists.invalidate(dir)
+		}
 	}
+}
+
+// showStoredLocked makes n show what the store holds once its file's
+// changes went to lost+found and its last reference is gone: a file that
+// never reached the store loses its name (it was listed at size 0 until
+// the kernel forgot it), one that did shows the stored version at its next
+// stat. It returns n's path, whose directory listing the caller drops:
+// it lists the name as this mount last wrote it.
+func (fs *FS) showStoredLocked(n *node) string {
+	path, named := fs.nodes.path(n)
+	if !named {
+		return ""
+	}
+	n.attrExpiry = time.Time{}
+	if !n.inStore {
+		fs.nodes.detach(n)
+	}
+	return path
 }
 
 // retryCommit keeps retrying an upload that failed at release, holding a
@@ -198,6 +224,7 @@ func (fs *FS) retryCommitAfter(of *openFile, first time.Duration) {
 func (fs *FS) keepFailed(of *openFile, err error) {
 	path, _ := fs.pathOf(of.n)
 	kept := of.keepSpill(path)
+	of.keptFailed.Store(true)
 	fs.keptFiles.Add(1)
 	if isConflict(err) {
 		// Not a failure of blobfs: the user's own data met another

@@ -1,9 +1,12 @@
 package fusefs
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -83,4 +86,57 @@ func TestUnmountedDropsCleanSpills(t *testing.T) {
 	if n := len(spills()); n != 1 {
 		t.Fatalf("%d spill files for a file with unsaved changes, want 1", n)
 	}
+}
+
+// TestFailedUploadShowsStoredVersion: when a file's upload fails for good
+// at close (here the store refuses every upload: EIO), its data goes to
+// lost+found and the mount shows what the store holds. A file created
+// through the mount disappears; an existing blob shows its stored content
+// and size again. Before, the created file stayed listed (and stat'ed) at
+// size 0 until the kernel forgot it, and read as empty.
+func TestFailedUploadShowsStoredVersion(t *testing.T) {
+	mem := blobstore.NewMemory()
+	putBlob(t, mem, "existing", []byte("stored content\n"), nil)
+	refuse := blobstore.NewFaulty(mem, blobstore.FaultOptions{})
+	opts := Options{CacheDir: t.TempDir()}
+	mnt, _ := mountStore(t, refuse, opts)
+	mustRead(t, join(mnt, "existing")) // known to the mount before the failure
+	refuse.SetOptions(blobstore.FaultOptions{
+		OpErrorRate: map[blobstore.Op]float64{blobstore.OpPut: 1, blobstore.OpStageBlock: 1, blobstore.OpCommitBlocks: 1},
+		Err:         blobstore.ErrUnauthorized,
+	})
+	for _, name := range []string{"created", "existing"} {
+		err := writeAndClose(join(mnt, name), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, []byte("never stored\n"))
+		wantErrno(t, err, syscall.EIO)
+		if kept := waitLostFound(t, opts.CacheDir, name); string(kept) != "never stored\n" {
+			t.Errorf("%s: lost+found holds %q", name, kept)
+		}
+	}
+	refuse.SetOptions(blobstore.FaultOptions{})
+
+	// The kernel may answer from its caches for their timeout (1 s): wait
+	// for the mount to agree with the store, well beyond that.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, errCreated := os.Stat(join(mnt, "created"))
+		listed := false
+		des, err := os.ReadDir(mnt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range des {
+			listed = listed || d.Name() == "created"
+		}
+		existing, errExisting := os.ReadFile(join(mnt, "existing"))
+		if errors.Is(errCreated, os.ErrNotExist) && !listed && errExisting == nil && string(existing) == "stored content\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after the failed uploads: created: stat %v, listed %v; existing reads %q (%v), want it gone and %q",
+				errCreated, listed, existing, errExisting, "stored content\n")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	wantNoBlob(t, mem, "created")
+	wantBlob(t, mem, "existing", []byte("stored content\n"))
 }

@@ -58,6 +58,9 @@ type openFile struct {
 	n  *node // its path may change (rename) while open
 
 	refs int // open handles and background uploads; guarded by FS.mu
+	// keptFailed: a commit failed for good and the changes went to
+	// lost+found (FS.keepFailed); the name then shows the store's version.
+	keptFailed atomic.Bool
 
 	commitMu sync.Mutex
 
