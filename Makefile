@@ -78,11 +78,16 @@ CHECK_CHECKS ?= 2000
 CHECK_STEPS  ?= 200
 CHECK_CRASH_CHECKS ?= 300
 CHECK_ARGS   ?=
+# TestFsx (fusefs/fsx_test.go: one file's data, mmap included) with
+# FSX_OPS operations per backend; FSX_SEED=N replays one run.
+FSX_OPS ?= 100000
+FSX_SEED ?= 0
 check:
 	$(GO) test ./fusefs -run 'TestModel$$' -count=1 -timeout 60m -rapid.nofailfile \
 		-rapid.checks=$(CHECK_CHECKS) -rapid.steps=$(CHECK_STEPS) $(CHECK_ARGS)
 	$(GO) test ./fusefs -run 'TestModelCrash$$' -count=1 -timeout 120m -rapid.nofailfile \
 		-rapid.checks=$(CHECK_CRASH_CHECKS) -rapid.steps=$(CHECK_STEPS) $(CHECK_ARGS)
+	$(GO) test ./fusefs -run 'TestFsx$$' -count=1 -timeout 120m -v -args -fsx.ops=$(FSX_OPS) -fsx.seed=$(FSX_SEED)
 
 bench: build
 	./.ci/bench.sh $(BENCH_ARGS)
