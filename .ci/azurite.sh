@@ -144,7 +144,9 @@ cmd_stop() {
 cmd_status() {
 	local pid
 	if pid=$(running_pid); then
-		echo "azurite running (pid $pid) on 127.0.0.1:$PORT"
+		echo "azurite running (pid $pid) on 127.0.0.1:$PORT," \
+			"$(awk '/VmRSS/{print int($2/1024)}' "/proc/$pid/status") MiB resident," \
+			"$(ps -o time= -p "$pid" | tr -d ' ') of CPU"
 	else
 		echo "azurite is not running"
 		return 1

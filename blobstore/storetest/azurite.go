@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"os"
 	"strings"
@@ -102,17 +103,21 @@ func AzuriteConfig(t testing.TB) blobstore.AzureConfig {
 	return cfg
 }
 
-// createContainer creates cfg's container, trying again a few times when
-// Azurite is slow or refuses for a moment: on a loaded CI machine the
-// single-threaded emulator can stall for seconds, and a test that never got
-// its container proves nothing. A connection refused on the first try is
-// retried too, but fails within a second or so when Azurite is not running.
+// createContainer creates cfg's container, trying again while Azurite is
+// slow or refuses for a moment: on a loaded CI machine the single-threaded
+// emulator can stall (once for over 90 s, three 30 s attempts all timing
+// out, in TestReaddir), and a test that never got its container proves
+// nothing about blobfs. Each attempt has cleanupTimeout; attempts that
+// time out go on for createPatience. Other transient errors (a connection
+// refused) get three attempts, so that an Azurite that is not running
+// fails within a second or two, with the message that says to start it;
+// any other error fails at once.
 func createContainer(cfg blobstore.AzureConfig) error {
-	const attempts = 3
+	start := time.Now()
 	var err error
-	for i := range attempts {
+	for i := 0; ; i++ {
 		if i > 0 {
-			time.Sleep(time.Duration(i) * 500 * time.Millisecond)
+			time.Sleep(min(time.Duration(i)*500*time.Millisecond, 5*time.Second))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		err = blobstore.CreateContainer(ctx, cfg, nil)
@@ -121,9 +126,14 @@ func createContainer(cfg blobstore.AzureConfig) error {
 		if err == nil || !(timedOut || blobstore.Retryable(err)) {
 			return err
 		}
+		if !timedOut && i >= 2 || time.Since(start) > createPatience {
+			return fmt.Errorf("%w (%d attempts in %v)", err, i+1, time.Since(start).Round(time.Second))
+		}
 	}
-	return err
 }
+
+// createPatience is how long createContainer keeps trying.
+const createPatience = 3 * time.Minute
 
 // containerName makes a valid container name (3-63 characters of [a-z0-9-],
 // no leading, trailing or doubled hyphen) from the test's name plus a random
