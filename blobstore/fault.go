@@ -20,6 +20,12 @@ type FaultOptions struct {
 	// operation.
 	ErrorRate   float64
 	OpErrorRate map[Op]float64
+	// LostAnswerRate is the probability, for every call that ErrorRate
+	// spared, that it reaches the inner store and then fails with Err:
+	// the store acted, and the answer was lost (a connection reset after
+	// the request was served). Retrying such a call is what conditional
+	// and non-idempotent requests must survive.
+	LostAnswerRate float64
 	// Err is the error that ErrorRate injects; nil means ErrTransient.
 	Err error
 	// Latency is added to every call, plus a uniformly random extra in
@@ -145,7 +151,14 @@ func (f *Faulty) plan(op Op) (fault error, after bool, delay time.Duration, band
 		if r, ok := f.opts.OpErrorRate[op]; ok {
 			rate = r
 		}
-		if rate > 0 && f.rng.Float64() < rate {
+		hit := false
+		switch {
+		case rate > 0 && f.rng.Float64() < rate:
+			hit = true
+		case f.opts.LostAnswerRate > 0 && f.rng.Float64() < f.opts.LostAnswerRate:
+			hit, after = true, true
+		}
+		if hit {
 			fault = f.opts.Err
 			if fault == nil {
 				fault = ErrTransient

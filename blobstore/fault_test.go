@@ -3,6 +3,7 @@ package blobstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"sync"
@@ -277,5 +278,38 @@ func TestFaultyRuntimeChanges(t *testing.T) {
 	}
 	if f.Unwrap() == nil {
 		t.Error("Unwrap returned nil")
+	}
+}
+
+// TestFaultyLostAnswers: at LostAnswerRate a call reaches the store and
+// then fails, about as often as the rate says; ErrorRate 0 alone injects
+// nothing.
+func TestFaultyLostAnswers(t *testing.T) {
+	const n = 400
+	mem := NewMemory()
+	f := NewFaulty(mem, FaultOptions{Seed: 7, LostAnswerRate: 0.25})
+	lost := 0
+	for i := range n {
+		name := fmt.Sprintf("b%d", i)
+		_, err := f.Put(t.Context(), name, []byte("x"), PutOptions{})
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, ErrTransient) {
+			t.Fatalf("Put %s: %v, want ErrTransient", name, err)
+		}
+		lost++
+		if _, err := mem.Stat(t.Context(), name); err != nil {
+			t.Fatalf("Put %s failed after the store acted, but the blob is not there: %v", name, err)
+		}
+	}
+	if lost < n/8 || lost > n*3/8 {
+		t.Errorf("%d of %d answers lost at rate 0.25", lost, n)
+	}
+	clean := NewFaulty(NewMemory(), FaultOptions{Seed: 7})
+	for i := range 100 {
+		if _, err := clean.Put(t.Context(), fmt.Sprintf("c%d", i), nil, PutOptions{}); err != nil {
+			t.Fatalf("a call failed with no fault configured: %v", err)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -338,7 +339,33 @@ func (fs *FS) setAttrsInStoreFrom(ctx context.Context, n *node, path, ifMatch st
 	md := copyMeta(a.Metadata)
 	fs.fillAttrMeta(n, md, a.ModTime, mtime)
 	after, err := fs.store.SetMetadata(ctx, path, md, blobstore.Conditions{IfMatch: a.ETag})
+	if errors.Is(err, blobstore.ErrPreconditionFailed) {
+		// The store may have made this very change and its answer been
+		// lost: the retry then fails on the ETag the change gave. The
+		// blob holding exactly this metadata over the same content is
+		// that (or another client making the same change, which comes to
+		// the same).
+		if now, serr := fs.store.Stat(ctx, path); serr == nil && sameMeta(now.Metadata, md) &&
+			now.Size == a.Size && bytes.Equal(now.ContentMD5, a.ContentMD5) {
+			fs.log.Debug("a retried attribute change found it made already (the first answer was lost)", "path", path)
+			return a.ETag, now, nil
+		}
+	}
 	return a.ETag, after, err
+}
+
+// sameMeta tells whether two sets of blob metadata are the same, names
+// compared without case as Azure does.
+func sameMeta(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := metaValue(b, k); !ok || w != v {
+			return false
+		}
+	}
+	return true
 }
 
 // fillAttrMeta writes n's attributes into md, and the modification time:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -258,4 +259,26 @@ func (of *openFile) ownEarlierCommit(ctx context.Context, path, nonce string) (b
 	}
 	v, ok := metaValue(a.Metadata, blobstore.MetaCommit)
 	return a, ok && v == nonce
+}
+
+// putNew makes the blob path, which must not exist yet (If-None-Match: *),
+// for a mkdir, mknod or symlink, with a commit nonce in its metadata: when
+// the store made the blob but its answer was lost (a connection reset
+// after the request was served) and the retry finds the blob there, the
+// nonce tells that the blob is this very Put's, which then succeeds
+// instead of answering EEXIST for the application's own work. md is the
+// caller's own map, and gets the nonce.
+func (fs *FS) putNew(ctx context.Context, path string, data []byte, md map[string]string) (blobstore.Attrs, error) {
+	nonce := newCommitNonce()
+	setMetaKey(md, blobstore.MetaCommit, nonce)
+	a, err := fs.store.Put(ctx, path, data, blobstore.PutOptions{Metadata: md, Conditions: blobstore.Conditions{IfNoneMatch: true}})
+	if !errors.Is(err, blobstore.ErrAlreadyExists) {
+		return a, err
+	}
+	found, serr := fs.store.Stat(ctx, path)
+	if v, ok := metaValue(found.Metadata, blobstore.MetaCommit); serr == nil && ok && v == nonce {
+		fs.log.Debug("a retried create found its own blob (the first answer was lost)", "path", path)
+		return found, nil
+	}
+	return a, err
 }

@@ -708,7 +708,10 @@ func (m *model) renameDir(mnt int, src, dst string) syscall.Errno {
 			moved[nn] = [2]int{b.ver, nb.ver}
 		}
 	}
-	if m.store[dst] == nil {
+	if len(moved) == 0 {
+		// Nothing in the store moved: the directory is made anew, with a
+		// marker. One with blobs below it moves as it is, a prefix
+		// without a marker staying one (docs/semantics.md, Layout).
 		m.store[dst] = &mblob{kind: kDir, ver: m.nextVer()}
 	}
 	for _, f := range m.files {

@@ -117,6 +117,10 @@ type checker struct {
 	faults  bool
 	snap    *modelSnap
 	faulted bool
+	// flaky: mount B's store fails some calls before they reach it and
+	// loses the answers of others after the store acted, and answers
+	// slowly (FlakyOn); its retrying layer must hide all of it.
+	flaky bool
 	// patience is how long settle waits for RELEASEs: long after
 	// FaultsOff, while uploads retried in the background finish.
 	patience time.Duration
@@ -133,7 +137,7 @@ func TestModel(t *testing.T) {
 	h := &modelHarness{store: blobstore.NewMemory()}
 	h.faulty = blobstore.NewFaulty(h.store, blobstore.FaultOptions{})
 	h.mounts[0] = mountModel(t, h.store)
-	h.mounts[1] = mountModel(t, h.faulty)
+	h.mounts[1] = mountModel(t, blobstore.NewRetrying(h.faulty, modelRetries))
 	runModel(t, h)
 }
 
@@ -159,8 +163,18 @@ func TestModelCrash(t *testing.T) {
 		"BLOBFS_TEST_NOCACHE=1", "BLOBFS_TEST_OPEN_FILES=" + sock}
 	h.serveA()
 	h.faulty = blobstore.NewFaulty(h.store, blobstore.FaultOptions{})
-	h.mounts[1] = mountModel(t, h.faulty)
+	h.mounts[1] = mountModel(t, blobstore.NewRetrying(h.faulty, modelRetries))
 	runModel(t, h)
+}
+
+// modelRetries is mount B's retrying layer, as production has one over
+// the SDK: quick, so that FaultsOn costs little, and with a budget no run
+// exhausts, so that FlakyOn's faults are always retried.
+var modelRetries = blobstore.RetryPolicy{
+	MaxAttempts: 8,
+	BaseDelay:   100 * time.Microsecond,
+	MaxDelay:    2 * time.Millisecond,
+	Budget:      1e9,
 }
 
 // memTempDir is a temporary directory in memory where there is one: the
@@ -315,9 +329,9 @@ func (c *checker) storePutRaw(ctx context.Context, rel string, data []byte, md m
 // end closes what the check left open and waits until both mounts have
 // released it, so that the next check starts from nothing.
 func (c *checker) end() {
-	if c.faults {
+	if c.faults || c.flaky {
 		c.h.faulty.SetOptions(blobstore.FaultOptions{})
-		c.faults, c.patience = false, 70*time.Second
+		c.faults, c.flaky, c.patience = false, false, 70*time.Second
 	}
 	for i, s := range c.slots {
 		if s != nil {
@@ -827,7 +841,7 @@ func (c *checker) mayFault(mnt int) {
 // operation through B meanwhile, with nothing changed; what was
 // acknowledged before stays, and nothing is corrupted.
 func (c *checker) FaultsOn(t *rapid.T) {
-	if c.faults {
+	if c.faults || c.flaky {
 		t.Skip("faults are on")
 	}
 	c.settle()
@@ -849,6 +863,33 @@ func (c *checker) FaultsOff(t *rapid.T) {
 	c.m.faultsEnded(1)
 	c.patience = 70 * time.Second
 	c.settle()
+}
+
+// FlakyOn makes mount B's store fail one call in ten before it reaches
+// the store, lose the answer of one in ten after the store acted (a
+// conditional Put that succeeded, then retried, finds its own blob; a
+// retried Delete finds nothing), and answer each call 0.1-2 ms late, until
+// FlakyOff. The retrying layer retries every such failure: the model
+// expects exactly what it expects without faults.
+func (c *checker) FlakyOn(t *rapid.T) {
+	if c.faults || c.flaky {
+		t.Skip("faults are on")
+	}
+	seed := rapid.Uint64().Draw(t, "seed")
+	t.Logf("B's store is flaky from now (seed %d)", seed)
+	c.h.faulty.SetOptions(blobstore.FaultOptions{Seed: seed, ErrorRate: 0.1, LostAnswerRate: 0.1,
+		Latency: 100 * time.Microsecond, Jitter: 2 * time.Millisecond})
+	c.flaky = true
+}
+
+// FlakyOff: mount B's store answers every call at once again.
+func (c *checker) FlakyOff(t *rapid.T) {
+	if !c.flaky {
+		t.Skip("the store is not flaky")
+	}
+	t.Logf("B's store is reliable again")
+	c.h.faulty.SetOptions(blobstore.FaultOptions{})
+	c.flaky = false
 }
 
 // CrashNow kills the process serving mount A between two operations

@@ -94,7 +94,7 @@ func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.
 	attrs := fs.newAttrsLocked(dir, in.Caller.Uid, in.Caller.Gid, in.Mode, kindDir, time.Now())
 	fs.mu.Unlock()
 	md := fs.newMeta(folderMeta, kindDir, attrs)
-	a, err := fs.store.Put(ctx, path, nil, blobstore.PutOptions{Metadata: md, Conditions: blobstore.Conditions{IfNoneMatch: true}})
+	a, err := fs.putNew(ctx, path, nil, md)
 	if err != nil {
 		// The first run's Put may reach the store after its process
 		// died, while this one looked: the marker is then ours.
@@ -164,7 +164,7 @@ func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.
 	fs.mu.Unlock()
 	attrs.rdev = in.Rdev
 	md := fs.newMeta(nil, kind, attrs)
-	a, err := fs.store.Put(ctx, joinPath(dirPath, name), nil, blobstore.PutOptions{Metadata: md, Conditions: blobstore.Conditions{IfNoneMatch: true}})
+	a, err := fs.putNew(ctx, joinPath(dirPath, name), nil, md)
 	if err != nil {
 		if errors.Is(err, blobstore.ErrAlreadyExists) {
 			fs.foundInStore(dirPath, name)
@@ -201,10 +201,7 @@ func (fs *FS) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name string, 
 	attrs := fs.newAttrsLocked(dir, h.Caller.Uid, h.Caller.Gid, 0o777, kindSymlink, time.Now())
 	fs.mu.Unlock()
 	md := fs.newMeta(map[string]string{blobstore.MetaIsSymlink: "true"}, kindSymlink, attrs)
-	a, err := fs.store.Put(ctx, joinPath(dirPath, name), []byte(target), blobstore.PutOptions{
-		Metadata:   md,
-		Conditions: blobstore.Conditions{IfNoneMatch: true},
-	})
+	a, err := fs.putNew(ctx, joinPath(dirPath, name), []byte(target), md)
 	if err != nil {
 		if errors.Is(err, blobstore.ErrAlreadyExists) {
 			fs.foundInStore(dirPath, name)
