@@ -1,7 +1,11 @@
 package fusefs
 
 import (
+	"context"
+	"fmt"
 	"os"
+	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -96,5 +100,52 @@ func TestLostAnswerIsNotAnError(t *testing.T) {
 			}
 			tc.want(t, mnt, mem)
 		})
+	}
+}
+
+// loseNthPut loses the answer of the nth Put (1-based) after the store
+// made it: what a connection reset after the request was served does.
+type loseNthPut struct {
+	blobstore.Store
+	mu   sync.Mutex
+	puts int
+	nth  int
+}
+
+func (l *loseNthPut) Put(ctx context.Context, name string, data []byte, opts blobstore.PutOptions) (blobstore.Attrs, error) {
+	a, err := l.Store.Put(ctx, name, data, opts)
+	l.mu.Lock()
+	l.puts++
+	lose := l.puts == l.nth
+	l.mu.Unlock()
+	if lose && err == nil {
+		return blobstore.Attrs{}, fmt.Errorf("answer lost: %w", blobstore.ErrTransient)
+	}
+	return a, err
+}
+
+// TestLostAnswerAfterOtherMetadataChange: a file is written while another
+// client changes only the blob's metadata, so that the commit's first Put
+// fails its condition and blobfs commits over the same content again
+// (docs/semantics.md); that second Put's answer is lost and its retry
+// fails the condition the Put itself moved. The file is committed: close
+// succeeds, nothing goes to lost+found. Before, close gave ESTALE (found
+// by TestModel's FlakyOn after 243 sequences).
+func TestLostAnswerAfterOtherMetadataChange(t *testing.T) {
+	mem := blobstore.NewMemory()
+	putBlob(t, mem, "f", []byte("old"), nil)
+	lose := &loseNthPut{Store: mem, nth: 2}
+	opts := conflictMountOptions
+	opts.CacheDir = t.TempDir()
+	mnt, _ := mountStore(t, blobstore.NewRetrying(lose, modelRetries), opts)
+	f := mustOpen(t, join(mnt, "f"), os.O_WRONLY|os.O_TRUNC)
+	if _, err := mem.SetMetadata(t.Context(), "f", map[string]string{"other": "client"}, blobstore.Conditions{}); err != nil {
+		t.Fatal(err)
+	}
+	mustWriteHandle(t, f, []byte("new"))
+	mustClose(t, f.Close())
+	wantBlob(t, mem, "f", []byte("new"))
+	if kept, _ := filepath.Glob(filepath.Join(opts.CacheDir, "lost+found", "*")); len(kept) != 0 {
+		t.Errorf("lost+found holds %v", kept)
 	}
 }

@@ -574,19 +574,28 @@ func (of *openFile) commit(ctx context.Context) error {
 	} else if err != nil {
 		attrs, err = of.upload(ctx, path, f, size, opts)
 	}
-	if err != nil && ctx.Err() == nil {
-		// The retry of an attempt that reached the store fails its ETag
-		// condition, or finds its staged blocks used up by the commit.
-		if current, ours := of.ownEarlierCommit(ctx, path, nonce); ours {
-			// An earlier attempt of this commit reached the store and
-			// its answer was lost (a timeout, or the process that
-			// made it was killed). Upload again on top of it: the
-			// spill file may hold changes made after that attempt.
+	// The retry of an attempt that reached the store fails its ETag
+	// condition, or finds its staged blocks used up by the commit: an
+	// earlier attempt of this commit reached the store and its answer
+	// was lost (a timeout, a connection reset, or the process that made
+	// it was killed). Upload again on top of it: the spill file may hold
+	// changes made after that attempt. That upload's answer can be lost
+	// too: a few rounds.
+	onOwnEarlierCommit := func() {
+		for range 3 {
+			if err == nil || ctx.Err() != nil {
+				return
+			}
+			current, ours := of.ownEarlierCommit(ctx, path, nonce)
+			if !ours {
+				return
+			}
 			of.fs.log.Info("the store holds this file's own earlier commit; uploading on top of it", "path", path)
 			opts.Conditions = blobstore.Conditions{IfMatch: current.ETag}
 			attrs, err = of.upload(ctx, path, f, size, opts)
 		}
 	}
+	onOwnEarlierCommit()
 	if errors.Is(err, blobstore.ErrPreconditionFailed) && ctx.Err() == nil {
 		if current, ok := of.fs.sameContent(ctx, path, seen); ok {
 			// Only the metadata changed since this file's writers saw
@@ -598,7 +607,9 @@ func (of *openFile) commit(ctx context.Context) error {
 			if !attrsChanged {
 				opts.Metadata = theirAttrs(current.Metadata, opts.Metadata)
 			}
-			if attrs, err = of.upload(ctx, path, f, size, opts); err == nil && !attrsChanged {
+			attrs, err = of.upload(ctx, path, f, size, opts)
+			onOwnEarlierCommit()
+			if err == nil && !attrsChanged {
 				of.fs.mu.Lock()
 				of.n.attrs = parsePOSIX(opts.Metadata)
 				of.fs.mu.Unlock()
