@@ -104,10 +104,10 @@ func AzuriteConfig(t testing.TB) blobstore.AzureConfig {
 }
 
 // createContainer creates cfg's container, trying again while Azurite is
-// slow or refuses for a moment: on a loaded CI machine the single-threaded
-// emulator can stall (once for over 90 s, three 30 s attempts all timing
-// out, in TestReaddir), and a test that never got its container proves
-// nothing about blobfs. Each attempt has cleanupTimeout; attempts that
+// slow or refuses for a moment: the single-threaded emulator stalls while
+// its blob GC runs (for minutes on a store a test run filled; .ci/azurite.sh
+// now runs it once a day, but an Azurite started otherwise does not), and a
+// test that never got its container proves nothing about blobfs. Each attempt has cleanupTimeout; attempts that
 // time out go on for createPatience. Other transient errors (a connection
 // refused) get three attempts, so that an Azurite that is not running
 // fails within a second or two, with the message that says to start it;
