@@ -1,7 +1,6 @@
 package csi
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
@@ -23,23 +22,8 @@ import (
 	"github.com/blobfs/blobfs/blobstore/storetest"
 )
 
-// lockedBuffer is a log sink shared by the driver's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+// lockedBuffer is a log sink shared by the driver's goroutines: storetest.LogBuffer.
+type lockedBuffer = storetest.LogBuffer
 
 // secretFragments lists the fragments of secret that must not appear
 // anywhere: every run of 10 characters, and its URL-encoded form.

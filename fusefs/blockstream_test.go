@@ -64,13 +64,23 @@ func (s *gatedStore) counts() (inFlight, started int) {
 // waitFor polls cond for up to 10 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	if !pollUntil(10*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// pollUntil polls cond every few milliseconds until it holds, or for at
+// most limit; it tells whether cond held. For waits whose failure message
+// says more than waitFor's.
+func pollUntil(limit time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(limit)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			return false
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	return true
 }
 
 // TestStreamingStagesBlocksInParallel: while a file is being written, as

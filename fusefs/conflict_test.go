@@ -197,9 +197,7 @@ func TestCreateAfterOtherDeleteWhileHeld(t *testing.T) {
 			mustClose(t, h.Close())
 			wantBlob(t, s, name, created)
 		}
-		if kept, _ := filepath.Glob(filepath.Join(opts.CacheDir, "lost+found", "*")); len(kept) != 0 {
-			t.Errorf("lost+found holds %v", kept)
-		}
+		wantNoLostFound(t, opts.CacheDir)
 	})
 }
 
@@ -242,6 +240,15 @@ func TestRenameCommitConflictIsESTALE(t *testing.T) {
 			})
 		}
 	})
+}
+
+// wantNoLostFound fails t (and goes on) if cacheDir's lost+found holds
+// anything: no conflict, no failed upload.
+func wantNoLostFound(t *testing.T, cacheDir string) {
+	t.Helper()
+	if kept, _ := filepath.Glob(filepath.Join(cacheDir, "lost+found", "*")); len(kept) > 0 {
+		t.Errorf("lost+found holds %v, want nothing", kept)
+	}
 }
 
 // waitLostFound waits for the one file of blob name in cacheDir's
@@ -395,9 +402,7 @@ func TestConflictNotFalse(t *testing.T) {
 				if got := mustRead(t, join(mnt, name)); !bytes.Equal(got, want) {
 					t.Errorf("read back %q, want %q", got, want)
 				}
-				if kept, _ := filepath.Glob(filepath.Join(opts.CacheDir, "lost+found", "*")); len(kept) > 0 {
-					t.Errorf("lost+found holds %v, want nothing", kept)
-				}
+				wantNoLostFound(t, opts.CacheDir)
 			})
 		}
 	})
@@ -438,9 +443,7 @@ func TestOpenFilesFollowDirRename(t *testing.T) {
 		if err != nil || len(page.Blobs) > 0 {
 			t.Errorf("blobs left under the old name: %v (%v)", page.Blobs, err)
 		}
-		if kept, _ := filepath.Glob(filepath.Join(opts.CacheDir, "lost+found", "*")); len(kept) > 0 {
-			t.Errorf("lost+found holds %v, want nothing", kept)
-		}
+		wantNoLostFound(t, opts.CacheDir)
 	})
 }
 
@@ -510,9 +513,7 @@ func TestConflictTruncateByNameAfterWritersLeft(t *testing.T) {
 		}
 		mustClose(t, r.Close())
 		wantBlob(t, s, "f", []byte("replaced"))
-		if kept, _ := filepath.Glob(filepath.Join(opts.CacheDir, "lost+found", "*")); len(kept) > 0 {
-			t.Errorf("lost+found holds %v, want nothing", kept)
-		}
+		wantNoLostFound(t, opts.CacheDir)
 	})
 }
 
@@ -572,9 +573,7 @@ func TestAttrChangeBeforeWriteIsNoConflict(t *testing.T) {
 					if c.check != nil {
 						c.check(t, lstat(t, p))
 					}
-					if kept, _ := filepath.Glob(filepath.Join(opts.CacheDir, "lost+found", "*")); len(kept) > 0 {
-						t.Errorf("lost+found holds %v, want nothing", kept)
-					}
+					wantNoLostFound(t, opts.CacheDir)
 				})
 			}
 		}
@@ -622,9 +621,7 @@ func TestSuidKillBeforeWriteIsNoConflict(t *testing.T) {
 		if st := lstat(t, p); st.Mode&0o7777 != 0o755 {
 			t.Errorf("mode %o after the write, want 755 (set-user-ID cleared)", st.Mode&0o7777)
 		}
-		if kept, _ := filepath.Glob(filepath.Join(opts.CacheDir, "lost+found", "*")); len(kept) > 0 {
-			t.Errorf("lost+found holds %v, want nothing", kept)
-		}
+		wantNoLostFound(t, opts.CacheDir)
 	})
 }
 
@@ -687,9 +684,7 @@ func TestOtherMetadataChangeIsNoConflict(t *testing.T) {
 						if st := lstat(t, join(mntA, name)); st.Mode&0o777 != 0o600 {
 							t.Errorf("mode %o after the commit, want the other client's 600", st.Mode&0o777)
 						}
-						if kept, _ := filepath.Glob(filepath.Join(cacheB, "lost+found", "*")); len(kept) > 0 {
-							t.Errorf("lost+found holds %v, want nothing", kept)
-						}
+						wantNoLostFound(t, cacheB)
 					})
 				}
 			}

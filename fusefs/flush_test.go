@@ -116,26 +116,27 @@ func TestFailedUploadShowsStoredVersion(t *testing.T) {
 
 	// The kernel may answer from its caches for their timeout (1 s): wait
 	// for the mount to agree with the store, well beyond that.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, errCreated := os.Stat(join(mnt, "created"))
-		listed := false
+	var (
+		errCreated, errExisting error
+		listed                  bool
+		existing                []byte
+	)
+	shown := pollUntil(10*time.Second, func() bool {
+		_, errCreated = os.Stat(join(mnt, "created"))
 		des, err := os.ReadDir(mnt)
 		if err != nil {
 			t.Fatal(err)
 		}
+		listed = false
 		for _, d := range des {
 			listed = listed || d.Name() == "created"
 		}
-		existing, errExisting := os.ReadFile(join(mnt, "existing"))
-		if errors.Is(errCreated, os.ErrNotExist) && !listed && errExisting == nil && string(existing) == "stored content\n" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("10 s after the failed uploads: created: stat %v, listed %v; existing reads %q (%v), want it gone and %q",
-				errCreated, listed, existing, errExisting, "stored content\n")
-		}
-		time.Sleep(50 * time.Millisecond)
+		existing, errExisting = os.ReadFile(join(mnt, "existing"))
+		return errors.Is(errCreated, os.ErrNotExist) && !listed && errExisting == nil && string(existing) == "stored content\n"
+	})
+	if !shown {
+		t.Fatalf("10 s after the failed uploads: created: stat %v, listed %v; existing reads %q (%v), want it gone and %q",
+			errCreated, listed, existing, errExisting, "stored content\n")
 	}
 	wantNoBlob(t, mem, "created")
 	wantBlob(t, mem, "existing", []byte("stored content\n"))

@@ -180,12 +180,21 @@ func (x *fsx) grow(size int) {
 	}
 }
 
-func (x *fsx) read() {
+// inFile draws a range within the file as it is; false if it is empty.
+func (x *fsx) inFile() (off, n int, ok bool) {
 	if len(x.model) == 0 {
+		return 0, 0, false
+	}
+	off = x.rng.IntN(len(x.model))
+	n = 1 + x.rng.IntN(min(fsxMaxOp, len(x.model)-off))
+	return off, n, true
+}
+
+func (x *fsx) read() {
+	off, n, ok := x.inFile()
+	if !ok {
 		return
 	}
-	off := x.rng.IntN(len(x.model))
-	n := 1 + x.rng.IntN(min(fsxMaxOp, len(x.model)-off))
 	x.note("pread %d+%d", off, n)
 	got := make([]byte, n)
 	if _, err := x.f.ReadAt(got, int64(off)); err != nil {
@@ -210,27 +219,20 @@ func (x *fsx) compare(what string, off int, got []byte) {
 
 // mapRead maps the file shared and read-only and reads a range of it.
 func (x *fsx) mapRead() {
-	if len(x.model) == 0 {
+	off, n, ok := x.inFile()
+	if !ok {
 		return
 	}
-	off := x.rng.IntN(len(x.model))
-	n := 1 + x.rng.IntN(min(fsxMaxOp, len(x.model)-off))
 	x.note("mapread %d+%d", off, n)
-	page := off &^ (os.Getpagesize() - 1)
-	m, err := unix.Mmap(int(x.f.Fd()), int64(page), off+n-page, unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		x.t.Errorf("mmap read %d+%d: %v", off, n, err)
-		return
+	var got []byte
+	x.mapped("mapread", off, n, unix.PROT_READ, func(m []byte) { got = bytes.Clone(m) })
+	if got != nil {
+		x.compare("mapread", off, got)
 	}
-	got := bytes.Clone(m[off-page:])
-	if err := unix.Munmap(m); err != nil {
-		x.t.Errorf("munmap: %v", err)
-	}
-	x.compare("mapread", off, got)
 }
 
 // mapWrite extends the file if the range reaches past its end (a mapping
-// cannot), maps it shared and writable, writes, msyncs and unmaps.
+// cannot), maps it shared and writable, writes and msyncs.
 func (x *fsx) mapWrite() {
 	off, n := x.span()
 	b := x.data(n)
@@ -242,19 +244,31 @@ func (x *fsx) mapWrite() {
 		}
 		x.grow(off + n)
 	}
+	x.mapped("mapwrite", off, n, unix.PROT_READ|unix.PROT_WRITE, func(m []byte) {
+		copy(m, b)
+		copy(x.model[off:], b)
+	})
+}
+
+// mapped maps bytes off..off+n of the file shared with protection prot
+// (from the page that holds off), hands fn those n bytes, msyncs a
+// writable mapping and unmaps.
+func (x *fsx) mapped(what string, off, n, prot int, fn func(m []byte)) {
 	page := off &^ (os.Getpagesize() - 1)
-	m, err := unix.Mmap(int(x.f.Fd()), int64(page), off+n-page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	m, err := unix.Mmap(int(x.f.Fd()), int64(page), off+n-page, prot, unix.MAP_SHARED)
 	if err != nil {
-		x.t.Errorf("mmap write %d+%d: %v", off, n, err)
+		x.t.Errorf("%s: mmap %d+%d: %v", what, off, n, err)
 		return
 	}
-	copy(m[off-page:], b)
-	copy(x.model[off:], b)
-	if err := unix.Msync(m, unix.MS_SYNC); err != nil {
-		x.t.Errorf("msync %d+%d: %v", off, n, err)
+	fn(m[off-page:])
+	if prot&unix.PROT_WRITE != 0 {
+		// The whole mapping: msync wants a page-aligned start.
+		if err := unix.Msync(m, unix.MS_SYNC); err != nil {
+			x.t.Errorf("%s: msync %d+%d: %v", what, off, n, err)
+		}
 	}
 	if err := unix.Munmap(m); err != nil {
-		x.t.Errorf("munmap: %v", err)
+		x.t.Errorf("%s: munmap: %v", what, err)
 	}
 }
 

@@ -38,32 +38,23 @@ func TestInodeNumberSurvivesForget(t *testing.T) {
 		}
 		for _, name := range []string{"file", "dir", "dir/inner", "link", "fifo"} {
 			p, away := join(mnt, name), join(mnt, "away", "moved")
-			want := lstatIno(t, p)
+			want := lstat(t, p).Ino
 			if err := os.Rename(p, away); err != nil {
 				t.Fatal(err)
 			}
 			forgetAll(t, fsys, want)
-			if got := lstatIno(t, away); got != want {
+			if got := lstat(t, away).Ino; got != want {
 				t.Errorf("%s: inode %d after a rename and a forget, was %d", name, got, want)
 			}
 			if err := os.Rename(away, p); err != nil {
 				t.Fatal(err)
 			}
 			forgetAll(t, fsys, want)
-			if got := lstatIno(t, p); got != want {
+			if got := lstat(t, p).Ino; got != want {
 				t.Errorf("%s: inode %d after a rename back and a forget, was %d", name, got, want)
 			}
 		}
 	})
-}
-
-func lstatIno(t *testing.T, p string) uint64 {
-	t.Helper()
-	var st syscall.Stat_t
-	if err := syscall.Lstat(p, &st); err != nil {
-		t.Fatal(err)
-	}
-	return st.Ino
 }
 
 // forgetAll makes the kernel evict its unused dentries and inodes, and
@@ -71,21 +62,16 @@ func lstatIno(t *testing.T, p string) uint64 {
 // nothing.
 func forgetAll(t *testing.T, fsys *FS, id uint64) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	forgotten := pollUntil(30*time.Second, func() bool {
 		if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0); err != nil {
 			t.Fatal(err)
 		}
 		fsys.mu.Lock()
-		live := fsys.nodes.get(id) != nil
-		fsys.mu.Unlock()
-		if !live {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %d still live 30s after drop_caches", id)
-		}
-		time.Sleep(20 * time.Millisecond)
+		defer fsys.mu.Unlock()
+		return fsys.nodes.get(id) == nil
+	})
+	if !forgotten {
+		t.Fatalf("node %d still live 30s after drop_caches", id)
 	}
 }
 

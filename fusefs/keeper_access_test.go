@@ -1,7 +1,6 @@
 package fusefs
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,32 +9,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/blobfs/blobfs/blobstore/storetest"
 )
 
-// lockedBuffer collects log output written from several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (lb *lockedBuffer) Write(p []byte) (int, error) {
-	lb.mu.Lock()
-	defer lb.mu.Unlock()
-	return lb.b.Write(p)
-}
-
-func (lb *lockedBuffer) String() string {
-	lb.mu.Lock()
-	defer lb.mu.Unlock()
-	return lb.b.String()
-}
+// lockedBuffer collects log output written from several goroutines: storetest.LogBuffer.
+type lockedBuffer = storetest.LogBuffer
 
 // capturingLogger logs to the returned buffer (and to stderr under -v).
 func capturingLogger(t testing.TB) (*slog.Logger, *lockedBuffer) {

@@ -364,13 +364,8 @@ func mountName(mnt int) string { return string(rune('A' + mnt)) }
 // RELEASE follows close(2) without the caller waiting for it, and a file
 // is committed (or kept in lost+found) once it arrives.
 func (c *checker) waitOpenFiles(mnt, n int) {
-	count := func() int { return c.openFilesOf(mnt) }
-	deadline := time.Now().Add(c.patience)
-	for count() != n {
-		if time.Now().After(deadline) {
-			c.t.Fatalf("mount %s holds %d open files, the model %d", mountName(mnt), count(), n)
-		}
-		time.Sleep(2 * time.Millisecond)
+	if !pollUntil(c.patience, func() bool { return c.openFilesOf(mnt) == n }) {
+		c.t.Fatalf("mount %s holds %d open files, the model %d", mountName(mnt), c.openFilesOf(mnt), n)
 	}
 }
 
@@ -879,12 +874,11 @@ func (c *checker) FlakyOn(t *rapid.T) {
 		t.Skip("faults are on")
 	}
 	if c.h.served != nil {
-		// TestModelCrash: not yet. Its first run with FlakyOn found a
-		// divergence not explained by the end of stop 38 (issue 38):
-		// mount B holds b open with unsaved changes, its store flaky;
-		// A renames b over d/a and its session is lost after the copy;
-		// the store then holds b with B's unsaved bytes as well as d/a.
-		// Replay: the sequence in the closing note of stop 38.
+		// TestModelCrash: not yet. Its first run with FlakyOn met the
+		// divergence that LoseSessionInRename now leaves out (a source
+		// mount B holds open; open finding of stop 38, issue 38), seen
+		// without FlakyOn too: until it is explained, the flaky store
+		// is tried in TestModel only.
 		t.Skip("FlakyOn runs in TestModel only")
 	}
 	seed := rapid.Uint64().Draw(t, "seed") | 1 // 0 would mean a random seed
@@ -1036,17 +1030,14 @@ func (c *checker) remountA() {
 	c.h.serveA()
 	c.remountedA()
 	spill := filepath.Join(c.h.mounts[0].cacheDir, "spill")
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		left, _ := filepath.Glob(filepath.Join(spill, spillPrefix+"*"))
-		renames, _ := filepath.Glob(filepath.Join(spill, renamePrefix+"*"))
-		if len(left)+len(renames) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("DIVERGENCE the new mount A left files of the lost session: %v %v", left, renames)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var left, renames []string
+	recovered := pollUntil(30*time.Second, func() bool {
+		left, _ = filepath.Glob(filepath.Join(spill, spillPrefix+"*"))
+		renames, _ = filepath.Glob(filepath.Join(spill, renamePrefix+"*"))
+		return len(left)+len(renames) == 0
+	})
+	if !recovered {
+		c.t.Fatalf("DIVERGENCE the new mount A left files of the lost session: %v %v", left, renames)
 	}
 }
 

@@ -604,9 +604,7 @@ func TestUnlinkedOpenFileAcrossRestart(t *testing.T) {
 	mustClose(t, f.Close())
 	wantNoBlob(t, h.localStore(), "a")
 	waitNoSpillFiles(t, h.cache)
-	if kept, _ := filepath.Glob(join(h.cache, "lost+found", "*")); len(kept) > 0 {
-		t.Errorf("lost+found holds %v, want nothing", kept)
-	}
+	wantNoLostFound(t, h.cache)
 }
 
 // TestPendingMtimeAcrossRestart: a utime of a file being written waits for

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +15,8 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/blobfs/blobfs/blobstore/storetest"
 )
 
 // TestCSIServe runs `blobfs csi` as kubelet's sidecars see it: it answers
@@ -85,23 +85,8 @@ func TestCSIServe(t *testing.T) {
 	}
 }
 
-// lockedBuffer collects a child's output while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+// lockedBuffer collects a child's output while it runs: storetest.LogBuffer.
+type lockedBuffer = storetest.LogBuffer
 
 func TestCSIFlags(t *testing.T) {
 	bin := blobfsBin(t)

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/blobfs/blobfs/fusefs"
 )
 
 // Cleaning up: the same code runs before a run (after a killed one) and
@@ -121,7 +123,7 @@ func mountsUnder(dirs ...string) []string {
 		if len(fields) < 5 {
 			continue
 		}
-		mp := unescapeMountPath(fields[4])
+		mp := fusefs.UnescapeMountInfo(fields[4])
 		for _, d := range dirs {
 			if mp == d || strings.HasPrefix(mp, d+"/") {
 				out = append(out, mp)
@@ -135,24 +137,6 @@ func mountsUnder(dirs ...string) []string {
 	}
 	sort.SliceStable(out, func(i, j int) bool { return strings.Count(out[i], "/") > strings.Count(out[j], "/") })
 	return out
-}
-
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // unmountAll detaches every mount under dirs; stacked mounts need rounds.
