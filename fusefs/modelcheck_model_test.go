@@ -663,6 +663,22 @@ func (m *model) renameFile(mnt int, src, dst string) syscall.Errno {
 	return 0
 }
 
+// copyFile is the first half of a file rename, the Copy of the blob at
+// src to dst, as a session lost between the two halves leaves it; it
+// returns the version of src that was copied. finishCopy is the second
+// half as the next mount does it from the rename's record.
+func (m *model) copyFile(src, dst string) int {
+	nb := *m.store[src]
+	nb.ver = m.nextVer()
+	m.store[dst] = &nb
+	return m.store[src].ver
+}
+
+func (m *model) finishCopy(src string) {
+	delete(m.store, src)
+	m.keepDir(parentOf(src))
+}
+
 // renameDir renames directory src to dst through mnt: every blob under it
 // is copied.
 func (m *model) renameDir(mnt int, src, dst string) syscall.Errno {
@@ -840,8 +856,13 @@ func (m *model) snapshot() *modelSnap {
 	return s
 }
 
+// restore puts the model back as it was at s; s stays usable for another
+// restore.
 func (m *model) restore(s *modelSnap) {
-	m.store, m.ver, m.files, m.lost = s.store, s.ver, s.files, s.lost
+	m.store, m.ver, m.files, m.lost = maps.Clone(s.store), s.ver, slices.Clone(s.files), s.lost
+	for i := range m.lost {
+		m.lost[i] = slices.Clone(s.lost[i])
+	}
 	for i, f := range s.files {
 		*f = s.vals[i]
 	}

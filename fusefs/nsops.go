@@ -488,11 +488,13 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 		}
 	}
 	intent := fs.beginIntent(&in.InHeader, srcDir.id, dstDir.id, oldName, newName)
+	record := "" // a file rename's record, kept until the old name's directory is
 	if src.kind == kindDir {
 		err = fs.renameDir(ctx, src, srcPath, dstPath, dst != nil, isResent)
 	} else {
-		err = fs.renameBlob(ctx, src, srcPath, dstPath, isResent)
+		record, err = fs.renameBlob(ctx, src, srcPath, dstPath, isResent)
 	}
+	defer renameDone(record)
 	if err != nil {
 		fs.dropIntent(intent)
 		fs.log.Warn("rename failed", "from", srcPath, "to", dstPath, "err", err)
@@ -551,28 +553,35 @@ func (fs *FS) finishResentRename(ctx context.Context, it intent, srcDir *node, s
 
 // renameBlob moves a file or symlink: commit local changes first, then a
 // server-side copy and a delete. resent is set for a resent request whose
-// first run may have moved the blob already.
-func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string, resent bool) error {
+// first run may have moved the blob already. It returns the rename's record
+// (renamerecord.go), for the caller to remove once the old name's
+// directory is kept; on an error the record is gone already.
+func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string, resent bool) (record string, err error) {
 	fs.mu.Lock()
 	of := n.file
 	inStore := n.inStore
 	fs.mu.Unlock()
 	if of != nil {
 		if err := of.commit(ctx); err != nil {
-			return err
+			return "", err
 		}
 		fs.mu.Lock()
 		inStore = n.inStore
 		fs.mu.Unlock()
 	}
 	if !inStore {
-		return nil // nothing stored yet: the next commit uses the new name
+		return "", nil // nothing stored yet: the next commit uses the new name
 	}
 	// A process that dies between the Copy and the Delete, with its
 	// keeper, leaves both names: the record lets the next one on this
 	// cache directory finish the move (renamerecord.go).
-	record := fs.recordRename(srcPath, dstPath)
-	defer renameDone(record)
+	record = fs.recordRename(srcPath, dstPath)
+	defer func() {
+		if err != nil {
+			renameDone(record)
+			record = ""
+		}
+	}()
 	srcETag := ""
 	if of != nil && of.needsSourceETag() {
 		// What the Copy will copy, for the open file's condition
@@ -590,14 +599,14 @@ func (fs *FS) renameBlob(ctx context.Context, n *node, srcPath, dstPath string, 
 		a, err = fs.store.Stat(ctx, dstPath)
 	}
 	if err != nil {
-		return err
+		return record, err
 	}
 	fs.crashPoint("rename", "copied", srcPath)
 	if err := fs.store.Delete(ctx, srcPath, blobstore.Conditions{}); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
-		return err
+		return record, err
 	}
 	fs.followCopy(n, of, a, srcETag)
-	return nil
+	return record, nil
 }
 
 // followCopy gives a node whose blob a rename copied the copy's ETag, and

@@ -21,17 +21,20 @@ import (
 // resends the rename to the next server, which finishes it (exactlyonce.go).
 // When the keeper died too, nobody would: so before the Copy, the rename
 // writes a small record file into the spill directory (renamePrefix), and
-// removes it once the old name is deleted. The next filesystem on the same
+// removes it once the old name is deleted and its directory kept (a
+// directory that only the file made would otherwise go with it, while the
+// application renamed a file, not a directory). The next filesystem on the same
 // cache directory, holding the directory's exclusive lock (spillrecover.go),
 // finishes what each record it finds began:
 //
-//   - the old name gone: the rename was done (or the file deleted): nothing
-//     to do;
+//   - the old name gone: the rename was done (or the file deleted): only
+//     the old name's directory is kept, as the rename would have;
 //   - the new name missing: the Copy never landed: the file keeps its old
 //     name (the rename was never acknowledged);
 //   - both there, the new one a copy of the old one (the same size, and the
 //     same blobfs commit nonce or Content-MD5, which a Copy carries): the old
-//     name is deleted, on the condition of the ETag just seen;
+//     name is deleted, on the condition of the ETag just seen, and its
+//     directory kept;
 //   - both there with other content (someone wrote either name since): both
 //     are left, with a warning that names them.
 //
@@ -68,8 +71,8 @@ func (fs *FS) recordRename(from, to string) string {
 	return path
 }
 
-// renameDone removes a rename's record once the old name is deleted, or
-// the rename failed before its Copy could land.
+// renameDone removes a rename's record once the old name is deleted and
+// its directory kept, or the rename failed before its Copy could land.
 func renameDone(record string) {
 	if record != "" {
 		os.Remove(record)
@@ -119,6 +122,7 @@ func (fs *FS) finishRename(ctx context.Context, path string) error {
 	switch {
 	case serr != nil:
 		fs.log.Debug("a rename of a lost session had finished", "path", rec.From, "to", rec.To)
+		fs.keepDir(ctx, dirOf(rec.From))
 	case derr != nil:
 		fs.log.Info("a rename of a lost session did not reach the store; the file keeps its old name", "path", rec.From, "to", rec.To)
 	case sameContent(src, dst):
@@ -126,6 +130,7 @@ func (fs *FS) finishRename(ctx context.Context, path string) error {
 		switch {
 		case err == nil || errors.Is(err, blobstore.ErrNotFound):
 			fs.log.Info("finished a rename of a lost session: its copy was made, the old name is removed", "path", rec.From, "to", rec.To)
+			fs.keepDir(ctx, dirOf(rec.From))
 		case errors.Is(err, blobstore.ErrPreconditionFailed):
 			fs.log.Warn("a rename of a lost session left both names, and the old one changed since: both are kept", "path", rec.From, "to", rec.To)
 		default:
@@ -150,4 +155,10 @@ func sameContent(src, dst blobstore.Attrs) bool {
 		return ok && a == b
 	}
 	return len(src.ContentMD5) > 0 && string(src.ContentMD5) == string(dst.ContentMD5)
+}
+
+// dirOf is the directory part of a blob path ("" for the root).
+func dirOf(p string) string {
+	dir, _ := splitPath(p)
+	return dir
 }

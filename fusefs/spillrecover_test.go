@@ -505,37 +505,43 @@ func TestLostSessionRenameFinished(t *testing.T) {
 
 // TestRenameRecordsOfLostSession: what the next filesystem does with each
 // kind of rename record a lost session can leave (renamerecord.go): only a
-// new name that is a copy of the old one lets the old one go.
+// new name that is a copy of the old one lets the old one go, and the old
+// name's directory stays, as after the rename. (The crash checker found a
+// directory that only the renamed file made gone after its recovery.)
 func TestRenameRecordsOfLostSession(t *testing.T) {
+	copied := []byte("content")
 	cases := []struct {
 		name      string
 		from, to  []byte // blobs before recovery; nil: none
 		wantFrom  bool   // the old name is still there after
 		wantLevel string // the log line's level
 	}{
-		{"copied", []byte("content"), []byte("content"), false, "INFO"},
-		{"copy never landed", []byte("content"), nil, true, "INFO"},
-		{"new name written since", []byte("content"), []byte("someone else's"), true, "WARN"},
-		{"finished", nil, []byte("content"), false, "DEBUG"},
+		{"copied", copied, copied, false, "INFO"},
+		{"copy never landed", copied, nil, true, "INFO"},
+		{"new name written since", copied, []byte("someone else's"), true, "WARN"},
+		{"old name written since", []byte("another writer's"), copied, true, "WARN"},
+		{"finished", nil, copied, false, "DEBUG"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			mem, cache := blobstore.NewMemory(), t.TempDir()
-			md := map[string]string{blobstore.MetaCommit: "nonce"}
+			// The old name's directory d has no marker: the file makes it.
+			nonce := func(data []byte) map[string]string {
+				if bytes.Equal(data, copied) {
+					return map[string]string{blobstore.MetaCommit: "nonce"}
+				}
+				return map[string]string{blobstore.MetaCommit: "other"}
+			}
 			if c.from != nil {
-				putBlob(t, mem, "a", c.from, md)
+				putBlob(t, mem, "d/a", c.from, nonce(c.from))
 			}
 			if c.to != nil {
-				other := md
-				if !bytes.Equal(c.to, c.from) {
-					other = map[string]string{blobstore.MetaCommit: "other"}
-				}
-				putBlob(t, mem, "b", c.to, other)
+				putBlob(t, mem, "b", c.to, nonce(c.to))
 			}
 			if err := os.MkdirAll(join(cache, "spill"), 0o700); err != nil {
 				t.Fatal(err)
 			}
-			rec, _ := json.Marshal(renameRecord{From: "a", To: "b"})
+			rec, _ := json.Marshal(renameRecord{From: "d/a", To: "b"})
 			if err := os.WriteFile(join(cache, "spill", renamePrefix+"x"), rec, 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -546,13 +552,19 @@ func TestRenameRecordsOfLostSession(t *testing.T) {
 			}
 			defer fsys.Close()
 			waitRecovered(t, fsys)
-			if _, err := mem.Stat(context.Background(), "a"); (err == nil) != c.wantFrom {
+			if _, err := mem.Stat(context.Background(), "d/a"); (err == nil) != c.wantFrom {
 				t.Errorf("old name there after recovery: %v, want %v", err == nil, c.wantFrom)
+			}
+			if c.from != nil && c.wantFrom {
+				wantBlob(t, mem, "d/a", c.from)
 			}
 			if c.to != nil {
 				wantBlob(t, mem, "b", c.to)
 			}
-			if !logLine(logged.String(), c.wantLevel, "a") {
+			if page, err := mem.List(context.Background(), blobstore.ListOptions{Prefix: "d"}); err != nil || len(page.Blobs) == 0 {
+				t.Errorf("directory d gone from the store after recovery (%v)", err)
+			}
+			if !logLine(logged.String(), c.wantLevel, "d/a") {
 				t.Errorf("no %s line names the rename:\n%s", c.wantLevel, logged)
 			}
 			if left, _ := filepath.Glob(join(cache, "spill", renamePrefix+"*")); len(left) != 0 {
