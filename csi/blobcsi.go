@@ -12,9 +12,9 @@ import (
 // Its StorageClass parameters, volume attributes, secret keys, volume
 // handles and the blobfuse mount options of its examples are accepted, so
 // that its StorageClasses, PersistentVolumes and inline volumes work once
-// the driver name is changed. Its names fall in four groups (the README's
-// "Moving over from blob-csi-driver" has the table, and a test keeps the
-// two in step):
+// the driver name is changed. Its names fall in four groups (the table of
+// "Moving over from blob-csi-driver" in docs/kubernetes.md lists them, and
+// a test keeps the two in step):
 //
 //   - the same thing in blobfs (storageAccount, containerName, server,
 //     storageEndpointSuffix, protocol fuse/fuse2, secretName, mountOptions,

@@ -29,7 +29,8 @@ import (
 // volume written for the Azure Blob CSI driver, from its documented
 // parameters (docs/driver-parameters.md of kubernetes-sigs/blob-csi-driver
 // and its deploy/example manifests), with the driver name changed to
-// blobfs's, and what the README's table says blobfs does with it.
+// blobfs's, and what the table in docs/kubernetes.md says blobfs does
+// with it.
 type blobCSICase struct {
 	name string
 	kind string // "StorageClass", "PV" or "inline"
@@ -215,9 +216,9 @@ func blobCSICorpus(az azurite, sasToken string) []blobCSICase {
 // StorageClasses, static PVs and inline volumes (blobCSICorpus) the way
 // the external-provisioner and kubelet pass them: each is served (the
 // container created or found, mounted, a file written through the mount
-// and found in that container) or refused with the message the README's
-// table promises, at the call that should refuse it, leaving nothing
-// mounted.
+// and found in that container) or refused with the message the table in
+// docs/kubernetes.md promises, at the call that should refuse it, leaving
+// nothing mounted.
 func TestBlobCSICorpus(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
@@ -448,16 +449,17 @@ func containerSAS(t *testing.T, az azurite, name string) string {
 	return q.Encode()
 }
 
-// TestBlobCSITableInReadme: the README's table of blob-csi-driver's names
-// lists every one the driver knows, and nothing it does not.
-func TestBlobCSITableInReadme(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+// TestBlobCSITableInDocs: the table of blob-csi-driver's names in
+// docs/kubernetes.md ("Moving over from blob-csi-driver") lists every one
+// the driver knows, and nothing it does not.
+func TestBlobCSITableInDocs(t *testing.T) {
+	b, err := os.ReadFile("../docs/kubernetes.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(b), "#### Moving over from blob-csi-driver")
+	_, section, ok := strings.Cut(string(b), "\n## Moving over from blob-csi-driver\n")
 	if !ok {
-		t.Fatal(`README.md has no "#### Moving over from blob-csi-driver"`)
+		t.Fatal(`docs/kubernetes.md has no "## Moving over from blob-csi-driver"`)
 	}
 	section, _, _ = strings.Cut(section, "\n#")
 	listed := map[string]bool{}
@@ -488,12 +490,12 @@ func TestBlobCSITableInReadme(t *testing.T) {
 	for _, n := range want {
 		known[strings.ToLower(n)] = true
 		if !listed[strings.ToLower(n)] {
-			t.Errorf("README's blob-csi-driver table does not list %s", n)
+			t.Errorf("docs/kubernetes.md's blob-csi-driver table does not list %s", n)
 		}
 	}
 	for n := range listed {
 		if !known[n] && !strings.Contains(n, "#") {
-			t.Errorf("README's blob-csi-driver table lists %q, which the driver does not know", n)
+			t.Errorf("docs/kubernetes.md's blob-csi-driver table lists %q, which the driver does not know", n)
 		}
 	}
 }

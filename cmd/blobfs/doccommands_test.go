@@ -119,23 +119,23 @@ func TestSystemdUnit(t *testing.T) {
 	}
 }
 
-// TestFstabLine: the README's /etc/fstab line, with the container and
-// paths of this test, mounts through mount.blobfs as mount(8) runs it
+// TestFstabLine: the /etc/fstab line of docs/usage.md, with the container
+// and paths of this test, mounts through mount.blobfs as mount(8) runs it
 // (SOURCE MOUNTPOINT -o OPTIONS).
 func TestFstabLine(t *testing.T) {
 	bin := blobfsBin(t)
 	cfg := storetest.AzuriteConfig(t)
-	readme, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	usage, err := os.ReadFile(filepath.Join(repoRoot, "docs/usage.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?m)^# /etc/fstab\n(.+)$`).FindStringSubmatch(string(readme))
+	m := regexp.MustCompile(`(?m)^# /etc/fstab\n(.+)$`).FindStringSubmatch(string(usage))
 	if m == nil {
-		t.Fatal("README.md: no line after '# /etc/fstab'")
+		t.Fatal("docs/usage.md: no line after '# /etc/fstab'")
 	}
 	fields := strings.Fields(m[1])
 	if len(fields) != 6 || fields[2] != "blobfs" {
-		t.Fatalf("README's fstab line %q: want SOURCE MOUNTPOINT blobfs OPTIONS 0 0", m[1])
+		t.Fatalf("docs/usage.md's fstab line %q: want SOURCE MOUNTPOINT blobfs OPTIONS 0 0", m[1])
 	}
 	mp, cache := t.TempDir(), t.TempDir()
 	opts := strings.ReplaceAll(fields[3], "/var/cache/blobfs", cache)

@@ -4,10 +4,10 @@
 // kube-apiserver, kube-controller-manager, kube-scheduler and kubectl built
 // from the Go module proxy, see kube/; containerd, runc, etcd, the CNI
 // plugins and busybox from Debian's packages, unpacked into a cache,
-// nothing installed system-wide), install blobfs the way the README tells
-// users to — the image `make image` builds imported into containerd, then
-// `kubectl apply -k` of deploy/ through overlay/, which swaps only what
-// these machines cannot have (the upstream sidecar images, replaced by
+// nothing installed system-wide), install blobfs the way docs/kubernetes.md
+// tells users to — the image `make image` builds imported into containerd,
+// then `kubectl apply -k` of deploy/ through overlay/, which swaps only
+// what these machines cannot have (the upstream sidecar images, replaced by
 // blobfs's stand-ins in standins/, and the API server's address, as there
 // is no kube-proxy) — use Azurite as the blob store, run the scenarios of
 // the end-to-end issues through Kubernetes itself (containers killed,

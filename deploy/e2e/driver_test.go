@@ -20,7 +20,7 @@ import (
 	"github.com/blobfs/blobfs/blobstore"
 )
 
-// blobfs on the cluster, installed as the README tells users to: the
+// blobfs on the cluster, installed as docs/kubernetes.md tells users to: the
 // image imported into containerd, then `kubectl apply -k` of deploy/
 // through the e2e overlay (deploy/e2e/overlay), which swaps only what
 // these machines cannot have (install_test.go). The tests add a Secret

@@ -18,12 +18,12 @@ import (
 
 // Installing blobfs the way users do, and reaching its pods.
 //
-// The README's install is: load the image (make image; ctr images import
-// or docker load), then `kubectl apply -k deploy/`. The tests do exactly
-// that through deploy/e2e/overlay, which swaps only what cannot be had on
-// these machines: the upstream sidecar images (replaced by blobfs's
-// stand-ins, deploy/e2e/standins, built here and imported under the names
-// the overlay gives) and the API server's address (there is no
+// The install docs/kubernetes.md gives is: load the image (make image; ctr
+// images import or docker load), then `kubectl apply -k deploy/`. The tests
+// do exactly that through deploy/e2e/overlay, which swaps only what cannot
+// be had on these machines: the upstream sidecar images (replaced by
+// blobfs's stand-ins, deploy/e2e/standins, built here and imported under
+// the names the overlay gives) and the API server's address (there is no
 // kube-proxy). Everything else — the CSIDriver, RBAC, the controller
 // Deployment, the node plugin and keeper DaemonSets, their probes and
 // limits — is deploy/ as it is.
