@@ -97,6 +97,10 @@ type modelHarness struct {
 	armedRestarts int
 	// faulty is mount B's store: FaultsOn has every call fail.
 	faulty *blobstore.Faulty
+	// flakyA is mount A's store in TestModel (under a retrying layer, as
+	// B's): FlakyOn makes it flaky too. nil in TestModelCrash, whose
+	// mount A is served by another process.
+	flakyA *blobstore.Faulty
 	// t and env make the next restartHarness after a lost session.
 	t   *testing.T
 	env []string
@@ -136,7 +140,8 @@ func TestModel(t *testing.T) {
 	setDefaultFlag("rapid.steps", "RAPID_STEPS", modelDefaultSteps)
 	h := &modelHarness{store: blobstore.NewMemory()}
 	h.faulty = blobstore.NewFaulty(h.store, blobstore.FaultOptions{})
-	h.mounts[0] = mountModel(t, h.store)
+	h.flakyA = blobstore.NewFaulty(h.store, blobstore.FaultOptions{})
+	h.mounts[0] = mountModel(t, blobstore.NewRetrying(h.flakyA, modelRetries))
 	h.mounts[1] = mountModel(t, blobstore.NewRetrying(h.faulty, modelRetries))
 	runModel(t, h)
 }
@@ -167,7 +172,7 @@ func TestModelCrash(t *testing.T) {
 	runModel(t, h)
 }
 
-// modelRetries is mount B's retrying layer, as production has one over
+// modelRetries is the mounts' retrying layer, as production has one over
 // the SDK: quick, so that FaultsOn costs little, and with a budget no run
 // exhausts, so that FlakyOn's faults are always retried.
 var modelRetries = blobstore.RetryPolicy{
@@ -334,6 +339,7 @@ func (c *checker) storePutRaw(ctx context.Context, rel string, data []byte, md m
 func (c *checker) end() {
 	if c.faults || c.flaky {
 		c.h.faulty.SetOptions(blobstore.FaultOptions{})
+		c.setFlakyA(blobstore.FaultOptions{})
 		c.faults, c.flaky, c.patience = false, false, 70*time.Second
 	}
 	for i, s := range c.slots {
@@ -863,31 +869,43 @@ func (c *checker) FaultsOff(t *rapid.T) {
 	c.settle()
 }
 
-// FlakyOn makes mount B's store fail one call in twenty before it reaches
-// the store, lose the answer of one in twenty after the store acted (a
-// conditional Put that succeeded, then retried, finds its own blob; a
-// retried Delete finds nothing), and answer each call 0.1-2 ms late, until
-// FlakyOff. The retrying layer retries every such failure: the model
-// expects exactly what it expects without faults.
+// FlakyOn makes the mounts' stores (B's, and A's in TestModel) fail one
+// call in twenty before it reaches the store and lose the answer of one in
+// twenty after the store acted (a conditional Put that succeeded, then
+// retried, finds its own blob; a retried Delete finds nothing), and B's
+// answer each call 0.1-2 ms late, until FlakyOff. The retrying layer retries
+// every such failure: the model expects exactly what it expects without
+// faults.
 func (c *checker) FlakyOn(t *rapid.T) {
 	if c.faults || c.flaky {
 		t.Skip("faults are on")
 	}
 	seed := rapid.Uint64().Draw(t, "seed") | 1 // 0 would mean a random seed
-	t.Logf("B's store is flaky from now (seed %d)", seed)
+	t.Logf("the stores are flaky from now (seed %d)", seed)
 	c.h.faulty.SetOptions(blobstore.FaultOptions{Seed: seed, ErrorRate: 0.05, LostAnswerRate: 0.05,
 		Latency: 100 * time.Microsecond, Jitter: 2 * time.Millisecond})
+	// A's without the latency, which made TestModel 60% slower.
+	c.setFlakyA(blobstore.FaultOptions{Seed: seed + 2, ErrorRate: 0.05, LostAnswerRate: 0.05})
 	c.flaky = true
 }
 
-// FlakyOff: mount B's store answers every call at once again.
+// FlakyOff: the stores answer every call at once again.
 func (c *checker) FlakyOff(t *rapid.T) {
 	if !c.flaky {
 		t.Skip("the store is not flaky")
 	}
-	t.Logf("B's store is reliable again")
+	t.Logf("the stores are reliable again")
 	c.h.faulty.SetOptions(blobstore.FaultOptions{})
+	c.setFlakyA(blobstore.FaultOptions{})
 	c.flaky = false
+}
+
+// setFlakyA sets the faults of mount A's store, where this process serves
+// it (TestModel).
+func (c *checker) setFlakyA(o blobstore.FaultOptions) {
+	if c.h.flakyA != nil {
+		c.h.flakyA.SetOptions(o)
+	}
 }
 
 // CrashNow kills the process serving mount A between two operations
@@ -998,6 +1016,56 @@ func (c *checker) LoseSessionInRename(t *rapid.T) {
 		t.Logf("the rename was copied; the old name was written since and is kept")
 	} else {
 		t.Logf("the rename was finished")
+	}
+}
+
+// LoseSessionInCommit fsyncs a file with unsaved changes through mount A
+// and has the serving process die once the commit's upload reached the
+// store, before its answer, and its keeper with it. The next mount on the
+// same cache directory finds the spill file and its record: the upload it
+// would make is already there (the commit nonce says so), so the file has
+// its content and nothing goes to lost+found, whether the model is the
+// commit done, then the session lost, or the session lost first.
+func (c *checker) LoseSessionInCommit(t *rapid.T) {
+	c.losable(t)
+	c.settle()
+	var cands []int
+	for s := 0; s < 2; s++ {
+		if h := c.slots[s]; h != nil && h.m.f.dirty && !h.m.f.unlinked && !h.m.f.nameLost {
+			cands = append(cands, s)
+		}
+	}
+	if len(cands) == 0 {
+		t.Skip("no file of mount A with unsaved changes")
+	}
+	s := rapid.SampledFrom(cands).Draw(t, "slot")
+	h := c.slots[s]
+	before := c.m.snapshot()
+	if c.m.commit(h.m.f) != 0 {
+		c.m.restore(before)
+		t.Skip("the commit conflicts: it uploads nothing")
+	}
+	t.Logf("%s fsync (%s); the serving process dies once the upload is in the store, its keeper with it", slotName(s), h.m.desc)
+	c.h.served.command("nokeep")
+	c.h.served.kill()
+	c.h.served.start("BLOBFS_TEST_CRASH=commit/store/*")
+	done := make(chan error, 1)
+	go func() { done <- h.f.Sync() }()
+	for c.openFilesOf(0) >= 0 { // until the serving process is dead
+		select {
+		case err := <-done:
+			t.Fatalf("DIVERGENCE %s fsync returned (%s) without reaching the commit's crash point", slotName(s), errStr(errnoOf(err)))
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	c.remountA()
+	t.Logf("%s fsync: %s", slotName(s), errStr(errnoOf(<-done)))
+	if d := c.storeDiff(); d != "" {
+		c.m.restore(before)
+		c.remountedA()
+		if d2 := c.storeDiff(); d2 != "" {
+			t.Fatalf("DIVERGENCE store after a commit in a lost session: neither done nor done by the next mount:\n%s", d)
+		}
 	}
 }
 
