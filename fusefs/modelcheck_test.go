@@ -977,21 +977,9 @@ func (c *checker) LoseSessionInRename(t *rapid.T) {
 		t.Skip("the rename copies nothing")
 	}
 	t.Logf("A rename %s %s; the serving process dies after the copy, its keeper with it", src, dst)
-	c.h.served.command("nokeep")
-	c.h.served.kill()
-	c.h.served.start("BLOBFS_TEST_CRASH=rename/copied/*")
-	done := make(chan error, 1)
 	from, to := c.path(0, src), c.path(0, dst) // remountA moves mount A
-	go func() { done <- syscall.Rename(from, to) }()
-	for c.openFilesOf(0) >= 0 { // until the serving process is dead
-		select {
-		case err := <-done:
-			t.Fatalf("DIVERGENCE A rename %s %s returned (%s) without reaching the copy's crash point", src, dst, errStr(errnoOf(err)))
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	c.remountA()
-	t.Logf("A rename %s %s: %s", src, dst, errStr(errnoOf(<-done)))
+	e := c.loseSessionDuring("rename/copied/", func() error { return syscall.Rename(from, to) })
+	t.Logf("A rename %s %s: %s", src, dst, errStr(e))
 	// The model is the rename done, then the session lost; else it is
 	// the rename never done, then the session lost; else it is the Copy
 	// made, then the session lost (which lets mount B commit the source
@@ -1046,20 +1034,8 @@ func (c *checker) LoseSessionInCommit(t *rapid.T) {
 		t.Skip("the commit conflicts: it uploads nothing")
 	}
 	t.Logf("%s fsync (%s); the serving process dies once the upload is in the store, its keeper with it", slotName(s), h.m.desc)
-	c.h.served.command("nokeep")
-	c.h.served.kill()
-	c.h.served.start("BLOBFS_TEST_CRASH=commit/store/*")
-	done := make(chan error, 1)
-	go func() { done <- h.f.Sync() }()
-	for c.openFilesOf(0) >= 0 { // until the serving process is dead
-		select {
-		case err := <-done:
-			t.Fatalf("DIVERGENCE %s fsync returned (%s) without reaching the commit's crash point", slotName(s), errStr(errnoOf(err)))
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	c.remountA()
-	t.Logf("%s fsync: %s", slotName(s), errStr(errnoOf(<-done)))
+	e := c.loseSessionDuring("commit/store/", h.f.Sync)
+	t.Logf("%s fsync: %s", slotName(s), errStr(e))
 	if d := c.storeDiff(); d != "" {
 		c.m.restore(before)
 		c.remountedA()
@@ -1067,6 +1043,27 @@ func (c *checker) LoseSessionInCommit(t *rapid.T) {
 			t.Fatalf("DIVERGENCE store after a commit in a lost session: neither done nor done by the next mount:\n%s", d)
 		}
 	}
+}
+
+// loseSessionDuring runs op through mount A with its serving process set
+// to die at crash point (the keeper with it), waits for the death, mounts
+// A anew on the same cache directory and waits for its recovery; it
+// returns op's errno.
+func (c *checker) loseSessionDuring(point string, op func() error) syscall.Errno {
+	c.h.served.command("nokeep")
+	c.h.served.kill()
+	c.h.served.start("BLOBFS_TEST_CRASH=" + point + "*")
+	done := make(chan error, 1)
+	go func() { done <- op() }()
+	for c.openFilesOf(0) >= 0 { // until the serving process is dead
+		select {
+		case err := <-done:
+			c.t.Fatalf("DIVERGENCE the operation returned (%s) without reaching the crash point %s", errStr(errnoOf(err)), point)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	c.remountA()
+	return errnoOf(<-done)
 }
 
 func (c *checker) losable(t *rapid.T) {
