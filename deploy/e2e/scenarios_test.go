@@ -857,7 +857,8 @@ var loopLine = regexp.MustCompile(`(?m)^(\S+) (ok|fail) (\d+)$`)
 // recovery, no kubelet call) and gives the running container its view of
 // the volume back in place: its new opens work again without a restart;
 // the file it held open stays failed; every file it closed before the
-// kill is in the store. A new pod on the claim starts too; kubelet calls
+// kill is in the store; the configMap it has mounted inside the volume is
+// still there. A new pod on the claim starts too; kubelet calls
 // NodePublishVolume without NodeStageVolume for it.
 func TestDriverAndKeeperKilled(t *testing.T) {
 	ctx := testContext(t)
@@ -866,9 +867,24 @@ func TestDriverAndKeeperKilled(t *testing.T) {
 	pvName, container := newClaim(t, ctx, "crash", classDelete)
 	staging := stagingPath(volumeHandle(t, pvName))
 	first := c.podWith("crash-first", openLoopScript, pvcVolume("data", "crash", false))
+	// A configMap mounted inside the blobfs volume, as pods do: the view
+	// the driver repairs must keep it (issue 38, defect 3).
+	nested := &corev1.ConfigMap{TypeMeta: typeMeta("v1", "ConfigMap"), ObjectMeta: objectMeta("crash-nested", "default"),
+		Data: map[string]string{"greeting": "nested-ok"}}
+	if err := c.apply(nested); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.kubectl("delete", "configmap", "-n", "default", nested.Name, "--ignore-not-found") })
+	first.Spec.Volumes = append(first.Spec.Volumes, corev1.Volume{Name: "nested", VolumeSource: corev1.VolumeSource{
+		ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: nested.Name}}}})
+	first.Spec.Containers[0].VolumeMounts = append(first.Spec.Containers[0].VolumeMounts,
+		corev1.VolumeMount{Name: "nested", MountPath: "/data/cfg", ReadOnly: true})
 	runPod(t, ctx, first)
 	if err := c.waitPodPhase(ctx, first.Name, corev1.PodRunning, 180*time.Second); err != nil {
 		t.Fatal(err)
+	}
+	if out, err := c.exec(first.Name, "cat", "/data/cfg/greeting"); err != nil || out != "nested-ok" {
+		t.Fatalf("the configMap inside the volume, before the kill: %q, %v", out, err)
 	}
 	if err := waitUntil(ctx, "the first pod's loop runs", 60*time.Second, func() (bool, error) {
 		return strings.Contains(podLog(t, first.Name), "ok 5\n"), nil
@@ -947,6 +963,11 @@ func TestDriverAndKeeperKilled(t *testing.T) {
 		firstFail.Sub(killedAt).Round(100*time.Millisecond), back.Sub(killedAt).Round(100*time.Millisecond))
 	if p, err := c.pod(first.Name); err != nil || p.Status.ContainerStatuses[0].RestartCount != 0 {
 		t.Errorf("the first pod's container restarted (%v): the repair should not need it", err)
+	}
+	if out, err := c.exec(first.Name, "cat", "/data/cfg/greeting"); err != nil || out != "nested-ok" {
+		t.Errorf("the configMap mounted inside the volume, after the driver repaired the container's view: %q, %v (want nested-ok)", out, err)
+	} else {
+		t.Logf("the configMap mounted inside the volume is still there in the repaired view")
 	}
 	log := c.componentLog(np.Name, "blobfs", false)
 	if !strings.Contains(log, "running containers have their volume back") {
