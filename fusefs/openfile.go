@@ -486,70 +486,125 @@ func (of *openFile) commit(ctx context.Context) error {
 		of.mu.Unlock()
 		return nil
 	}
-	gen, size, f := of.gen, of.size, of.spill
-	opts := blobstore.PutOptions{Metadata: copyMeta(of.baseMeta)}
+	c := of.planCommitLocked()
+	of.mu.Unlock()
+
+	path, ok := of.fs.pathOf(of.n)
+	if !ok {
+		return of.commitWithoutName(c)
+	}
+	attrs, streamed, err := of.uploadCommit(ctx, path, &c)
+	if err == nil {
+		of.fs.crashPoint("commit", "store", path)
+	}
+	of.mu.Lock()
+	if err != nil {
+		of.commitErr = err
+		of.mu.Unlock()
+		if isConflict(err) {
+			err = commitConflict{err}
+		}
+		return fmt.Errorf("upload %q: %w", path, err)
+	}
+	of.committedLocked(c, attrs, streamed)
+	of.mu.Unlock()
+	of.fs.committed(of.n, path, attrs, c.size)
+	return nil
+}
+
+// commitPlan is what one commit uploads and under which condition, taken
+// from the open file at its start (planCommitLocked).
+type commitPlan struct {
+	gen  uint64 // the change the commit covers
+	size int64
+	f    *os.File // the spill file
+	opts blobstore.PutOptions
+	// nonce names the commit in the blob's metadata, so that a retry,
+	// or the next process, knows its own earlier attempt.
+	nonce string
+	// seen and attrsChanged: the content this file's writers saw, and
+	// whether this mount changed its attributes since (a failed
+	// condition over the same content is not another writer).
+	seen         seenContent
+	attrsChanged bool
+	// stream holds the blocks staged while the file was written; nil to
+	// upload it whole.
+	stream *blockStream
+}
+
+// planCommitLocked builds the commit of the spill file as it is now: its
+// metadata, the condition, the nonce (journaled before the store can hold
+// it) and the block stream it uses up. The caller holds of.mu.
+func (of *openFile) planCommitLocked() commitPlan {
+	c := commitPlan{gen: of.gen, size: of.size, f: of.spill}
+	c.opts = blobstore.PutOptions{Metadata: copyMeta(of.baseMeta)}
 	// The node's attributes as they are now (a chmod while writing
 	// waits for this commit); the content changes, so the blob's
 	// Last-Modified is its mtime and ctime unless utimensat set one.
 	of.fs.mu.Lock()
-	of.fs.attrsMetaLocked(of.n, opts.Metadata)
+	of.fs.attrsMetaLocked(of.n, c.opts.Metadata)
 	of.fs.mu.Unlock()
-	deleteMetaKey(opts.Metadata, blobstore.MetaMtime)
-	deleteMetaKey(opts.Metadata, blobstore.MetaRcloneMtime)
-	deleteMetaKey(opts.Metadata, blobstore.MetaCtime)
+	deleteMetaKey(c.opts.Metadata, blobstore.MetaMtime)
+	deleteMetaKey(c.opts.Metadata, blobstore.MetaRcloneMtime)
+	deleteMetaKey(c.opts.Metadata, blobstore.MetaCtime)
 	if of.mtime != nil {
-		opts.Metadata[blobstore.MetaMtime] = strconv.FormatInt(of.mtime.UnixNano(), 10)
+		c.opts.Metadata[blobstore.MetaMtime] = strconv.FormatInt(of.mtime.UnixNano(), 10)
 	}
 	if of.commitNonce == "" {
 		of.commitNonce = newCommitNonce()
 		of.journalLocked(true) // before the store can hold it
 	}
-	nonce := of.commitNonce
-	opts.Metadata[blobstore.MetaCommit] = nonce
-	opts.Conditions = of.conditionsLocked()
-	seen, attrsChanged := of.seenContentLocked()
+	c.nonce = of.commitNonce
+	c.opts.Metadata[blobstore.MetaCommit] = c.nonce
+	c.opts.Conditions = of.conditionsLocked()
+	c.seen, c.attrsChanged = of.seenContentLocked()
 	// A stream that staged blocks is used up by this commit, whatever
 	// happens: later changes go up whole. One that staged none yet stays
 	// for the writes that follow: a FLUSH before the first full block is
 	// common (a shell's "> file" and dd open the file, dup2 it and close
 	// the first descriptor), and would otherwise leave the whole file to
 	// be uploaded at its last close, after every write.
-	stream := of.stream
-	if stream != nil && stream.next == 0 {
-		stream = nil
+	c.stream = of.stream
+	if c.stream != nil && c.stream.next == 0 {
+		c.stream = nil
 	} else {
 		of.stream = nil
 	}
-	of.mu.Unlock()
+	return c
+}
 
-	path, ok := of.fs.pathOf(of.n)
-	if !ok {
-		if stream != nil {
-			stream.abandon()
-		}
-		of.mu.Lock()
-		unlinked := of.unlinked
-		if !unlinked {
-			// Not unlinked or replaced through this mount, yet without
-			// a name: its directory was removed, after another writer
-			// deleted the blob (rmdir found the directory empty). Its
-			// data is not dropped in silence: a conflict, kept in
-			// lost+found.
-			of.commitErr = errNameLost
-		}
-		of.mu.Unlock()
-		if unlinked {
-			return nil
-		}
-		return fmt.Errorf("upload %q: %w", of.n.name, errNameLost)
+// commitWithoutName ends a commit of a file that has no name in this
+// mount: nothing to upload when it was unlinked or replaced through the
+// mount; else a conflict.
+func (of *openFile) commitWithoutName(c commitPlan) error {
+	if c.stream != nil {
+		c.stream.abandon()
 	}
-	var (
-		attrs blobstore.Attrs
-		err   error
-	)
-	streamed := false
+	of.mu.Lock()
+	unlinked := of.unlinked
+	if !unlinked {
+		// Not unlinked or replaced through this mount, yet without a
+		// name: its directory was removed, after another writer deleted
+		// the blob (rmdir found the directory empty). Its data is not
+		// dropped in silence: a conflict, kept in lost+found.
+		of.commitErr = errNameLost
+	}
+	of.mu.Unlock()
+	if unlinked {
+		return nil
+	}
+	return fmt.Errorf("upload %q: %w", of.n.name, errNameLost)
+}
+
+// uploadCommit uploads the commit to path: through its block stream when
+// it has one, else whole (through a stream of its own for a large file),
+// then over its own earlier attempt or another mount's metadata change
+// when the condition failed on those alone. streamed says whether the
+// blocks of the stream it used can be kept for the next commit.
+func (of *openFile) uploadCommit(ctx context.Context, path string, c *commitPlan) (attrs blobstore.Attrs, streamed bool, err error) {
+	stream, f, size := c.stream, c.f, c.size
 	if stream != nil && stream.name == path && stream.next > 0 {
-		attrs, err = stream.commit(ctx, f, size, opts)
+		attrs, err = stream.commit(ctx, f, size, c.opts)
 		if err != nil {
 			of.fs.log.Debug("streamed commit failed; uploading the whole file", "path", path, "err", err)
 		}
@@ -569,10 +624,11 @@ func (of *openFile) commit(ctx context.Context) error {
 		// uploaded whole at every fsync.
 		stream = of.fs.newBlockStream(path)
 		stream.keepPages = true
-		attrs, err = of.uploadStream(ctx, stream, path, f, size, opts)
+		c.stream = stream
+		attrs, err = of.uploadStream(ctx, stream, path, f, size, c.opts)
 		streamed = err == nil
 	} else if err != nil {
-		attrs, err = of.upload(ctx, path, f, size, opts)
+		attrs, err = of.upload(ctx, path, f, size, c.opts)
 	}
 	// The retry of an attempt that reached the store fails its ETag
 	// condition, or finds its staged blocks used up by the commit: an
@@ -586,57 +642,52 @@ func (of *openFile) commit(ctx context.Context) error {
 			if err == nil || ctx.Err() != nil {
 				return
 			}
-			current, ours := of.ownEarlierCommit(ctx, path, nonce)
+			current, ours := of.ownEarlierCommit(ctx, path, c.nonce)
 			if !ours {
 				return
 			}
 			of.fs.log.Info("the store holds this file's own earlier commit; uploading on top of it", "path", path)
-			opts.Conditions = blobstore.Conditions{IfMatch: current.ETag}
-			attrs, err = of.upload(ctx, path, f, size, opts)
+			c.opts.Conditions = blobstore.Conditions{IfMatch: current.ETag}
+			attrs, err = of.upload(ctx, path, f, size, c.opts)
 		}
 	}
 	onOwnEarlierCommit()
 	if errors.Is(err, blobstore.ErrPreconditionFailed) && ctx.Err() == nil {
-		if current, ok := of.fs.sameContent(ctx, path, seen); ok {
+		if current, ok := of.fs.sameContent(ctx, path, c.seen); ok {
 			// Only the metadata changed since this file's writers saw
 			// the blob (another mount's chmod, chown or utime, or the
 			// store API's): not another writer. Their attributes stay
 			// unless this mount changed the file's own meanwhile.
 			of.fs.log.Info("the blob's metadata changed in the store since it was opened, its content did not; committing over it", "path", path)
-			opts.Conditions = blobstore.Conditions{IfMatch: current.ETag}
-			if !attrsChanged {
-				opts.Metadata = theirAttrs(current.Metadata, opts.Metadata)
+			c.opts.Conditions = blobstore.Conditions{IfMatch: current.ETag}
+			if !c.attrsChanged {
+				c.opts.Metadata = theirAttrs(current.Metadata, c.opts.Metadata)
 			}
-			attrs, err = of.upload(ctx, path, f, size, opts)
+			attrs, err = of.upload(ctx, path, f, size, c.opts)
 			onOwnEarlierCommit()
-			if err == nil && !attrsChanged {
+			if err == nil && !c.attrsChanged {
 				of.fs.mu.Lock()
-				of.n.attrs = parsePOSIX(opts.Metadata)
+				of.n.attrs = parsePOSIX(c.opts.Metadata)
 				of.fs.mu.Unlock()
 			}
 		}
 	}
-	if err == nil {
-		of.fs.crashPoint("commit", "store", path)
-	}
-	of.mu.Lock()
-	if err != nil {
-		of.commitErr = err
-		of.mu.Unlock()
-		if isConflict(err) {
-			err = commitConflict{err}
-		}
-		return fmt.Errorf("upload %q: %w", path, err)
-	}
-	of.committedGen = gen
-	if streamed && of.gen == gen && of.spill == f && of.stream == nil {
+	return attrs, streamed, err
+}
+
+// committedLocked records a commit that reached the store: the condition
+// of the next one is its ETag, and its stream's blocks are kept when
+// nothing changed during the upload. The caller holds of.mu.
+func (of *openFile) committedLocked(c commitPlan, attrs blobstore.Attrs, streamed bool) {
+	of.committedGen = c.gen
+	if streamed && of.gen == c.gen && of.spill == c.f && of.stream == nil {
 		// Nothing changed during the upload: the next commit can keep
 		// the blocks of this one.
-		of.stream = stream.carryOn(size)
+		of.stream = c.stream.carryOn(c.size)
 	}
 	of.baseETag = attrs.ETag
-	of.baseMeta = opts.Metadata
-	of.loadedSum, of.loadedSize = sumOf(opts.ContentMD5), size
+	of.baseMeta = c.opts.Metadata
+	of.loadedSum, of.loadedSize = sumOf(c.opts.ContentMD5), c.size
 	if len(attrs.ContentMD5) > 0 {
 		of.loadedSum = sumOf(attrs.ContentMD5)
 	}
@@ -645,9 +696,6 @@ func (of *openFile) commit(ctx context.Context) error {
 	of.commitErr = nil
 	of.commitNonce = ""
 	of.journalLocked(of.dirty())
-	of.mu.Unlock()
-	of.fs.committed(of.n, path, attrs, size)
-	return nil
 }
 
 // errNameLost: a file with changes lost its name without being unlinked
