@@ -1019,3 +1019,38 @@ func (s *statHookStore) Stat(ctx context.Context, name string) (blobstore.Attrs,
 	}
 	return a, err
 }
+
+// TestRenameOfOpenFileAcrossRestart: a file open for writing is renamed,
+// and the serving process dies once the rename is in the store, before its
+// reply; a successor adopts the mount and the kernel resends the rename.
+// The open file's next commit goes to the new name on the condition of the
+// copy its rename made: fchmod, write and close succeed, and the store
+// holds what was written. (Found by the crash checker: the dead process had
+// not journaled the condition the rename gave the file, and the successor's
+// commit failed with ESTALE, the data in lost+found.)
+func TestRenameOfOpenFileAcrossRestart(t *testing.T) {
+	h := newRestartHarness(t)
+	h.start()
+	s := h.localStore()
+	putBlob(t, s, "a", []byte("stored before"), nil)
+	f, err := os.OpenFile(join(h.mnt, "a"), os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	mustWriteAt(t, f, []byte("first"), 0)
+	err = crashAndRestart(t, h, "rename/store/a", func() error {
+		return os.Rename(join(h.mnt, "a"), join(h.mnt, "b"))
+	})
+	if err != nil {
+		t.Fatalf("rename across the restart: %v", err)
+	}
+	if err := f.Chmod(0o640); err != nil {
+		t.Fatalf("fchmod after the rename: %v", err)
+	}
+	mustWriteAt(t, f, []byte(" and second"), 5)
+	mustClose(t, f.Close())
+	wantBlob(t, s, "b", []byte("first and second"))
+	wantNoBlob(t, s, "a")
+	wantNoLostFound(t, h.cache)
+}

@@ -643,6 +643,10 @@ func (fs *FS) followCopy(n *node, of *openFile, copied blobstore.Attrs, srcETag 
 	} else {
 		of.openETag = copied.ETag
 	}
+	// A successor that adopts the mount before the rename's reply learns
+	// the condition from the journal: its resent rename finds the old
+	// name gone and cannot tell which version the Copy took.
+	of.journalLocked(of.dirty())
 }
 
 // deleteDirMarker deletes the marker of the empty directory at path that a
