@@ -219,165 +219,190 @@ func (s *supervisor) run(ready func(error, string)) error {
 	defer signal.Stop(sigs)
 	gone := watchConnection(int(s.fuse.Fd()), s.log)
 
-	var (
-		w         = s.start(time.Time{})
-		first     = true // the first worker has not served yet
-		crashes   int    // abnormal worker exits in a row
-		stopping  bool   // SIGTERM or SIGINT received
-		unmount   bool   // the mount is gone: the kernel ended the connection
-		finishers int    // workers that died after stopping or unmount
-		gaveUp    bool
-		wait      *time.Timer
-		down      time.Time // when the last worker died
-		readyErr  error     // why the last worker could not serve
-	)
-	timer := func() <-chan time.Time {
-		if wait == nil {
-			return nil
-		}
-		return wait.C
-	}
-	startNow := func() {
-		if wait != nil {
-			wait.Stop()
-			wait = nil
-		}
-		if w == nil {
-			w = s.start(down)
-		}
-	}
-	var readyCh <-chan workerReady
-	var exitCh <-chan error
+	l := &superviseLoop{s: s, first: true, ready: ready}
+	l.w = s.start(time.Time{})
 	for {
-		readyCh, exitCh = nil, nil
-		if w != nil {
-			exitCh = w.exited
-			if !w.answered {
-				readyCh = w.ready
+		var readyCh <-chan workerReady
+		var exitCh <-chan error
+		if l.w != nil {
+			exitCh = l.w.exited
+			if !l.w.answered {
+				readyCh = l.w.ready
 			}
+		}
+		var timer <-chan time.Time
+		if l.wait != nil {
+			timer = l.wait.C
 		}
 		select {
 		case r := <-readyCh:
-			w.answered = true
-			if r.err != nil {
-				// Its exit follows.
-				s.log.Error("worker could not serve", "pid", w.pid, "err", r.err)
-				readyErr = r.err
-				continue
-			}
-			w.serving = true
-			if first {
-				first = false
-				s.log.Info("worker serves the mount", "pid", w.pid, "mountpoint", s.mp)
-				ready(nil, r.desc)
-			} else {
-				s.log.Info("worker restarted; it adopted the mount", "pid", w.pid,
-					"mount_unserved_for", time.Since(down).Round(time.Millisecond))
-			}
-			if stopping && !w.termSent {
-				s.terminate(w)
-			}
-			if w.hupOwed {
-				w.hupOwed = false
-				s.hangUp(w)
-			}
-
+			l.workerReady(r)
 		case err := <-exitCh:
-			pid, uptime := w.pid, time.Since(w.started)
-			if !w.answered {
-				// The ready message was sent before the exit.
-				if r := <-w.ready; r.err != nil {
-					readyErr = r.err
-				}
+			if done, err := l.workerExited(err); done {
+				return err
 			}
-			w, down = nil, time.Now()
-			if first {
-				// Never served: the mount is useless; say why.
-				fusefs.Unmount(s.mp, true)
-				if readyErr != nil {
-					return readyErr
-				}
-				return fmt.Errorf("background worker exited before serving: %s", exitText(err))
-			}
-			if err == nil {
-				s.log.Info("worker finished; the mount is unmounted", "pid", pid)
-				return nil
-			}
-			s.log.Error("worker died", "pid", pid, "exit", exitText(err), "uptime", uptime.Round(time.Millisecond))
-			if stopping || unmount {
-				// Finishing: what the dead worker left unuploaded is
-				// reachable only through a worker (the state region).
-				finishers++
-				if finishers >= finishAttempts {
-					return s.abandon(fmt.Sprintf("%d workers died while uploading dirty files before the end", finishers))
-				}
-				s.log.Warn("starting a worker to upload dirty files and finish", "stopping", stopping, "unmounted", unmount)
-				startNow()
-				continue
-			}
-			if uptime >= healthyUptime {
-				crashes = 0
-			}
-			crashes++
-			switch {
-			case crashes >= s.limit:
-				gaveUp = true
-				s.log.Error("not restarting the worker: it died "+fmt.Sprint(crashes)+" times in a row (--restart-limit "+fmt.Sprint(s.limit)+"). "+
-					"The mount stays and requests to it wait: send SIGHUP to the supervisor to try again, "+
-					"SIGTERM to upload dirty files and unmount, or detach it with: blobfs unmount -z "+s.mp,
-					"supervisor_pid", os.Getpid())
-			default:
-				d := restartDelay(crashes)
-				s.log.Warn("restarting the worker", "crashes_in_a_row", crashes, "after", d)
-				if d == 0 {
-					startNow()
-				} else {
-					wait = time.NewTimer(d)
-				}
-			}
-
-		case <-timer():
-			wait = nil
-			startNow()
-
+		case <-timer:
+			l.wait = nil
+			l.startNow()
 		case <-gone:
 			gone = nil
-			unmount = true
-			if w == nil {
+			l.unmount = true
+			if l.w == nil {
 				s.log.Info("the mount was unmounted while no worker ran: starting one to upload what is left")
-				startNow()
+				l.startNow()
 			}
-
 		case sig := <-sigs:
-			switch {
-			case sig == syscall.SIGHUP:
-				// logrotate's signal: reopen the log file here and in
-				// the worker. And, as before, try again at once if no
-				// worker runs (after giving up, or during a back-off).
-				reopenLog(s.log, s.logs, sig)
-				if w == nil {
-					s.log.Info("SIGHUP: starting a worker now", "was_given_up", gaveUp)
-					crashes, gaveUp = 0, false
-					startNow()
-				} else if w.serving {
-					s.hangUp(w)
-				} else {
-					w.hupOwed = true
-				}
-			case stopping:
-				s.log.Info("signal received again: already stopping", "signal", sig.String())
-			default:
-				stopping = true
-				s.log.Info("signal received: the worker uploads dirty files and unmounts, then both exit", "signal", sig.String())
-				if w == nil {
-					// The dirty files of the dead worker are in the
-					// state region: a worker must upload them.
-					startNow()
-				} else if w.serving {
-					s.terminate(w)
-				} // else: sent when it serves
-			}
+			l.signal(sig)
 		}
+	}
+}
+
+// superviseLoop is the supervisor's state between two events of run.
+type superviseLoop struct {
+	s        *supervisor
+	ready    func(error, string) // called once, when the first worker serves
+	w        *worker             // the running worker, nil while none runs
+	first    bool                // the first worker has not served yet
+	crashes  int                 // abnormal worker exits in a row
+	stopping bool                // SIGTERM or SIGINT received
+	unmount  bool                // the mount is gone: the kernel ended the connection
+	// finishers counts the workers that died after stopping or unmount.
+	finishers int
+	gaveUp    bool
+	wait      *time.Timer // the back-off before the next start, nil if none
+	down      time.Time   // when the last worker died
+	readyErr  error       // why the last worker could not serve
+}
+
+// startNow starts a worker at once, ending any back-off, unless one runs.
+func (l *superviseLoop) startNow() {
+	if l.wait != nil {
+		l.wait.Stop()
+		l.wait = nil
+	}
+	if l.w == nil {
+		l.w = l.s.start(l.down)
+	}
+}
+
+// workerReady: the running worker serves the mount, or says why it cannot.
+func (l *superviseLoop) workerReady(r workerReady) {
+	s, w := l.s, l.w
+	w.answered = true
+	if r.err != nil {
+		// Its exit follows.
+		s.log.Error("worker could not serve", "pid", w.pid, "err", r.err)
+		l.readyErr = r.err
+		return
+	}
+	w.serving = true
+	if l.first {
+		l.first = false
+		s.log.Info("worker serves the mount", "pid", w.pid, "mountpoint", s.mp)
+		l.ready(nil, r.desc)
+	} else {
+		s.log.Info("worker restarted; it adopted the mount", "pid", w.pid,
+			"mount_unserved_for", time.Since(l.down).Round(time.Millisecond))
+	}
+	if l.stopping && !w.termSent {
+		s.terminate(w)
+	}
+	if w.hupOwed {
+		w.hupOwed = false
+		s.hangUp(w)
+	}
+}
+
+// workerExited: the running worker exited with err (nil: it finished). It
+// returns done when the supervisor ends, with run's result.
+func (l *superviseLoop) workerExited(err error) (done bool, result error) {
+	s, w := l.s, l.w
+	pid, uptime := w.pid, time.Since(w.started)
+	if !w.answered {
+		// The ready message was sent before the exit.
+		if r := <-w.ready; r.err != nil {
+			l.readyErr = r.err
+		}
+	}
+	l.w, l.down = nil, time.Now()
+	if l.first {
+		// Never served: the mount is useless; say why.
+		fusefs.Unmount(s.mp, true)
+		if l.readyErr != nil {
+			return true, l.readyErr
+		}
+		return true, fmt.Errorf("background worker exited before serving: %s", exitText(err))
+	}
+	if err == nil {
+		s.log.Info("worker finished; the mount is unmounted", "pid", pid)
+		return true, nil
+	}
+	s.log.Error("worker died", "pid", pid, "exit", exitText(err), "uptime", uptime.Round(time.Millisecond))
+	if l.stopping || l.unmount {
+		// Finishing: what the dead worker left unuploaded is reachable
+		// only through a worker (the state region).
+		l.finishers++
+		if l.finishers >= finishAttempts {
+			return true, s.abandon(fmt.Sprintf("%d workers died while uploading dirty files before the end", l.finishers))
+		}
+		s.log.Warn("starting a worker to upload dirty files and finish", "stopping", l.stopping, "unmounted", l.unmount)
+		l.startNow()
+		return false, nil
+	}
+	if uptime >= healthyUptime {
+		l.crashes = 0
+	}
+	l.crashes++
+	if l.crashes >= s.limit {
+		l.gaveUp = true
+		s.log.Error("not restarting the worker: it died "+fmt.Sprint(l.crashes)+" times in a row (--restart-limit "+fmt.Sprint(s.limit)+"). "+
+			"The mount stays and requests to it wait: send SIGHUP to the supervisor to try again, "+
+			"SIGTERM to upload dirty files and unmount, or detach it with: blobfs unmount -z "+s.mp,
+			"supervisor_pid", os.Getpid())
+		return false, nil
+	}
+	d := restartDelay(l.crashes)
+	s.log.Warn("restarting the worker", "crashes_in_a_row", l.crashes, "after", d)
+	if d == 0 {
+		l.startNow()
+	} else {
+		l.wait = time.NewTimer(d)
+	}
+	return false, nil
+}
+
+// signal: SIGHUP reopens the logs (and starts a worker at once if none
+// runs); SIGTERM and SIGINT have the worker upload dirty files and
+// unmount.
+func (l *superviseLoop) signal(sig os.Signal) {
+	s, w := l.s, l.w
+	switch {
+	case sig == syscall.SIGHUP:
+		// logrotate's signal: reopen the log file here and in the
+		// worker. And, as before, try again at once if no worker runs
+		// (after giving up, or during a back-off).
+		reopenLog(s.log, s.logs, sig)
+		if w == nil {
+			s.log.Info("SIGHUP: starting a worker now", "was_given_up", l.gaveUp)
+			l.crashes, l.gaveUp = 0, false
+			l.startNow()
+		} else if w.serving {
+			s.hangUp(w)
+		} else {
+			w.hupOwed = true
+		}
+	case l.stopping:
+		s.log.Info("signal received again: already stopping", "signal", sig.String())
+	default:
+		l.stopping = true
+		s.log.Info("signal received: the worker uploads dirty files and unmounts, then both exit", "signal", sig.String())
+		if w == nil {
+			// The dirty files of the dead worker are in the state
+			// region: a worker must upload them.
+			l.startNow()
+		} else if w.serving {
+			s.terminate(w)
+		} // else: sent when it serves
 	}
 }
 
