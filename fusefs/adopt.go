@@ -81,7 +81,30 @@ func (fs *FS) restore(saved *savedState) error {
 	t.state = nil // replaying, not journaling
 	defer func() { t.state = state }()
 	fs.intents = saved.intents
+	fs.restoreNodes(saved)
+	fs.removeJournaledSpills(saved)
+	if err := fs.restoreFiles(saved); err != nil {
+		return err
+	}
+	fs.restoreHandles(saved)
+	retry, unused := fs.releasedFiles()
+	t.state = state // what follows is journaled
+	for _, of := range retry {
+		fs.retryCommitSoon(of)
+	}
+	for _, of := range unused {
+		of.close()
+		fs.mu.Lock()
+		t.maybeDrop(of.n)
+		fs.mu.Unlock()
+	}
+	fs.log.Info("state restored", "nodes", len(t.byID), "handles", len(fs.handles), "open_files", len(saved.files))
+	return nil
+}
 
+// restoreNodes rebuilds the node table: ids, kinds, lookups and names.
+func (fs *FS) restoreNodes(saved *savedState) {
+	t := fs.nodes
 	for id, sn := range saved.nodes {
 		if id == fuse.FUSE_ROOT_ID {
 			continue
@@ -108,9 +131,11 @@ func (fs *FS) restore(saved *savedState) error {
 	}
 	t.nextID = max(t.nextID, saved.nextID)
 	fs.nextHandle = max(fs.nextHandle, saved.nextHandle)
+}
 
-	// Spill files whose removal a dead process journaled and perhaps did
-	// not get to.
+// removeJournaledSpills removes the spill files whose removal a dead
+// process journaled and perhaps did not get to.
+func (fs *FS) removeJournaledSpills(saved *savedState) {
 	live := map[string]bool{}
 	for _, sf := range saved.files {
 		live[sf.spillPath] = true
@@ -122,6 +147,12 @@ func (fs *FS) restore(saved *savedState) error {
 			}
 		}
 	}
+}
+
+// restoreFiles reopens the spill file of every open file, with the
+// condition of its next commit.
+func (fs *FS) restoreFiles(saved *savedState) error {
+	t := fs.nodes
 	for id, sf := range saved.files {
 		n := t.byID[id]
 		if n == nil {
@@ -168,6 +199,13 @@ func (fs *FS) restore(saved *savedState) error {
 		n.file = of
 		n.fileRecord = fileRecord(nil, id, sf.spillPath, sf.baseETag, sf.dirty, sf.exclusive, sf.commitNonce)
 	}
+	return nil
+}
+
+// restoreHandles rebuilds the handle table, and each open file's count of
+// handles and writers and each node's I/O mode.
+func (fs *FS) restoreHandles(saved *savedState) {
+	t := fs.nodes
 	for fh, sh := range saved.handles {
 		n := t.byID[sh.node]
 		if n == nil {
@@ -197,12 +235,18 @@ func (fs *FS) restore(saved *savedState) error {
 		}
 		fs.handles[fh] = h
 	}
+}
+
+// releasedFiles sorts the restored open files that no handle holds: those
+// whose upload was failing when their last handle went, to retry, and the
+// rest, to close.
+func (fs *FS) releasedFiles() (retry, unused []*openFile) {
+	t := fs.nodes
 	// Files whose last handle was released while their upload was failing
 	// are retried here, as the previous process did. A file left by a
 	// create that never completed was never written: no application got
 	// a handle to it. Uploading it would make an empty blob that the
 	// resent create, if it is O_EXCL, would then find in its way.
-	var retry, unused []*openFile
 	for _, n := range t.byID {
 		if of := n.file; of != nil && of.refs == 0 {
 			if of.dirty() && !(of.size == 0 && fs.unfinishedCreate(n)) {
@@ -213,18 +257,7 @@ func (fs *FS) restore(saved *savedState) error {
 			}
 		}
 	}
-	t.state = state // what follows is journaled
-	for _, of := range retry {
-		fs.retryCommitSoon(of)
-	}
-	for _, of := range unused {
-		of.close()
-		fs.mu.Lock()
-		t.maybeDrop(of.n)
-		fs.mu.Unlock()
-	}
-	fs.log.Info("state restored", "nodes", len(t.byID), "handles", len(fs.handles), "open_files", len(saved.files))
-	return nil
+	return retry, unused
 }
 
 // retryCommitSoon uploads a restored dirty file with no handle left.
