@@ -563,19 +563,7 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 		return err
 	}
 	defer fsys.Close()
-	// Keep the heap near what the caches are allowed, so that the process
-	// stays within its configured memory: the block cache (its full-size
-	// blocks are mapped outside the heap, but a cache full of small files
-	// is all heap), the blocks of files being written that are in flight
-	// (fusefs.Options.UploadConcurrency), the buffers of files being
-	// fetched whole into a disk cache, request buffers. A limit below
-	// what is in use would make the GC run without pause.
-	fo := fsys.Options()
-	limit := fo.BlockCacheBytes + 2*int64(fo.UploadConcurrency)*fo.UploadBlockSize + 48<<20
-	if fo.DiskCache != nil {
-		limit += fusefs.DiskFillBytes
-	}
-	debug.SetMemoryLimit(limit)
+	setMemoryLimit(fsys.Options())
 
 	mo := c.mount
 	mo.ReadOnly = opts.ReadOnly
@@ -611,7 +599,28 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 		logger.Info("mounted", "store", desc, "mountpoint", mp)
 	}
 	ready(nil, desc)
+	return serveUntilEnd(ctx, c, mp, logger, fsys, sess)
+}
 
+// setMemoryLimit keeps the heap near what the caches are allowed, so that
+// the process stays within its configured memory: the block cache (its
+// full-size blocks are mapped outside the heap, but a cache full of small
+// files is all heap), the blocks of files being written that are in flight
+// (fusefs.Options.UploadConcurrency), the buffers of files being fetched
+// whole into a disk cache, request buffers. A limit below what is in use
+// would make the GC run without pause.
+func setMemoryLimit(fo fusefs.Options) {
+	limit := fo.BlockCacheBytes + 2*int64(fo.UploadConcurrency)*fo.UploadBlockSize + 48<<20
+	if fo.DiskCache != nil {
+		limit += fusefs.DiskFillBytes
+	}
+	debug.SetMemoryLimit(limit)
+}
+
+// serveUntilEnd serves the mount until it is unmounted from outside, or a
+// signal ends ctx: then dirty files are uploaded and the mount unmounted
+// (lazily, with c.grace for the files still open, when it is busy).
+func serveUntilEnd(ctx context.Context, c *mountConfig, mp string, logger *slog.Logger, fsys *fusefs.FS, sess *fusefs.Session) error {
 	done := make(chan error, 1)
 	go func() { done <- sess.Wait() }()
 	select {
