@@ -555,214 +555,31 @@ func defaultMountSettings() mountSettings {
 }
 
 // parseMountOptions applies mount options (PV mountOptions, the
-// mountOptions parameter) through the allow-list. Forms: "name=value",
-// "--name=value", "name" for true, "-o a,b", several separated by spaces.
-// Errors name the option.
+// mountOptions parameter) through the allow-list (mountOptionTable).
+// Forms: "name=value", "--name=value", "name" for true, "-o a,b", several
+// separated by spaces. Errors name the option.
 func parseMountOptions(opts []string, field string) (mountSettings, error) {
 	s := defaultMountSettings()
 	set := map[string]string{}
-	// Options may come space-separated in one string, as blob-csi-driver's
-	// mountOptions volume attribute has them ("-o allow_other
-	// --file-cache-timeout-in-seconds=120"); "-o" only introduces a list.
-	var flat []string
-	for _, o := range opts {
-		for _, tok := range strings.Fields(o) {
-			if tok == "-o" {
-				continue
-			}
-			for _, x := range strings.Split(tok, ",") {
-				if x = strings.TrimSpace(x); x != "" {
-					flat = append(flat, x)
-				}
-			}
-		}
-	}
-	for _, o := range flat {
+	for _, o := range splitMountOptions(opts) {
 		name, val, hasVal := strings.Cut(strings.TrimLeft(o, "-"), "=")
 		name = strings.ReplaceAll(strings.ToLower(strings.TrimSpace(name)), "_", "-")
-		val = strings.TrimSpace(val)
-		bad := func(why string) error {
-			return fmt.Errorf("%s: mount option %q: %s", field, clip(o, 80), why)
+		v := optionValue{raw: strings.TrimSpace(val), given: hasVal, option: o, field: field}
+		opt, ok := mountOptionByName[name]
+		if !ok {
+			return s, v.bad(fmt.Sprintf("not supported (supported: %s, ro; of blobfuse's: %s)", strings.Join(mountOptionNames, ", "), strings.Join(blobfuseMountOptions, ", ")))
 		}
-		boolVal := func() (bool, error) {
-			if !hasVal {
-				return true, nil
-			}
-			b, err := strconv.ParseBool(val)
-			if err != nil {
-				return false, bad("not true or false")
-			}
-			return b, nil
-		}
-		intVal := func(lo, hi int64) (int64, error) {
-			n, err := strconv.ParseInt(val, 10, 64)
-			if !hasVal || err != nil || n < lo || n > hi {
-				return 0, bad(fmt.Sprintf("needs an integer in [%d, %d]", lo, hi))
-			}
-			return n, nil
-		}
-		durVal := func() (time.Duration, error) {
-			d, err := time.ParseDuration(val)
-			if n, nerr := strconv.ParseUint(val, 10, 32); nerr == nil {
-				// seconds, as FUSE's attr_timeout=120 and blobfuse's
-				d, err = time.Duration(n)*time.Second, nil
-			}
-			if !hasVal || err != nil || d < 0 || d > 24*time.Hour {
-				return 0, bad("needs a duration like 1s, 500ms or 120 (seconds); 0 disables")
-			}
-			return d, nil
-		}
-		var err error
-		switch name {
-		case "ro", "read-only":
-			name = "read-only"
-			s.FS.ReadOnly, err = boolVal()
-			s.Mount.ReadOnly = s.FS.ReadOnly
-		case "rw", "defaults":
-			continue // the default
-		case "allow-other":
-			s.Mount.AllowOther, err = boolVal()
-		case "debug-fuse":
-			s.Mount.Debug, err = boolVal()
-		case "block-cache-mb":
-			var n int64
-			n, err = intVal(8, 64<<10)
-			s.FS.BlockCacheBytes = n << 20
-		case "read-block-mb":
-			var n int64
-			n, err = intVal(1, 256)
-			s.FS.ReadBlockSize = n << 20
-		case "upload-block-mb":
-			var n int64
-			n, err = intVal(1, 4000)
-			s.FS.UploadBlockSize = n << 20
-		case "readahead-blocks":
-			var n int64
-			n, err = intVal(1, 1024)
-			s.FS.MaxReadAheadBlocks = int(n)
-		case "upload-concurrency":
-			var n int64
-			n, err = intVal(1, 256)
-			s.FS.UploadConcurrency = int(n)
-		case "prefetch-files":
-			var n int64
-			n, err = intVal(0, 1024)
-			s.FS.PrefetchFiles = int(n)
-			if n == 0 {
-				s.FS.PrefetchFiles = -1 // 0 disables, as for blobfs mount
-			}
-		case "walk-ahead":
-			var n int64
-			n, err = intVal(0, 10_000_000)
-			s.FS.WalkAhead = int(n)
-			if n == 0 {
-				s.FS.WalkAhead = -1 // 0 disables, as for blobfs mount
-			}
-		case "write-back":
-			s.FS.WriteBack, err = boolVal()
-		case "verify-md5", "validate-md5":
-			// validate-md5: blobfuse2's name for the same check.
-			var on bool
-			on, err = boolVal()
-			s.FS.NoContentCheck = !on
-		case "write-back-mb":
-			var n int64
-			n, err = intVal(1, 1<<30)
-			s.FS.WriteBackBytes = n << 20
-		case "fuse-readers":
-			var n int64
-			n, err = intVal(1, 64)
-			s.Mount.Readers = int(n)
-		case "retry-attempts":
-			var n int64
-			n, err = intVal(1, 100)
-			s.Retry.MaxAttempts = int(n)
-		case "uid", "gid":
-			var n int64
-			n, err = intVal(0, 1<<32-2)
-			if name == "uid" {
-				s.FS.UID = uint32(n)
-			} else {
-				s.FS.GID = uint32(n)
-			}
-			// Given, the owner of every file, as for blobfs mount.
-			s.FS.ForceOwner = true
-		case "file-mode", "dir-mode":
-			n, perr := strconv.ParseUint(val, 8, 32)
-			if !hasVal || perr != nil || n > 0o7777 {
-				err = bad("needs an octal mode within 07777, e.g. 0750")
-			}
-			if name == "file-mode" {
-				s.FS.FileMode = uint32(n)
-			} else {
-				s.FS.DirMode = uint32(n)
-			}
-			s.FS.ForcePerm = true
-		case "posix-attrs":
-			var on bool
-			on, err = boolVal()
-			s.FS.NoAttrWrites = !on
-		case "umask":
-			n, perr := strconv.ParseUint(val, 8, 32)
-			if !hasVal || perr != nil || n > 0o777 {
-				err = bad("needs an octal mode within 0777, e.g. 022")
-			}
-			s.FS.Umask = uint32(n)
-		case "attr-timeout", "entry-timeout", "negative-timeout", "list-timeout":
-			var d time.Duration
-			d, err = durVal()
-			if d == 0 {
-				d = -1 // 0 disables, as for `blobfs mount`
-			}
-			switch name {
-			case "attr-timeout":
-				s.FS.AttrTimeout = d
-			case "entry-timeout":
-				s.FS.EntryTimeout = d
-			case "negative-timeout":
-				s.FS.NegativeTimeout = d
-			default:
-				s.FS.ListTimeout = d
-			}
-		case "retry-max-delay":
-			s.Retry.MaxDelay, err = durVal()
-		case "file-cache-timeout-in-seconds", "file-cache-timeout", "cancel-list-on-mount-seconds", "cache-size-mb":
-			// blobfuse's whole-file cache and its listing at mount:
-			// blobfs keeps no file cache (it reads blocks on demand)
-			// and lists nothing at mount. Accepted, unused.
-			if _, perr := strconv.ParseUint(val, 10, 63); !hasVal || perr != nil {
-				return s, bad("needs a whole number")
-			}
-			continue
-		case "use-attr-cache":
-			// blobfs caches attributes for attr-timeout.
-			if _, err := boolVal(); err != nil {
-				return s, err
-			}
-			continue
-		case "log-level", "tmp-path":
-			// The driver owns logging and the cache directory.
-			continue
-		case "virtual-directory":
-			// blobfs's directories are blob name prefixes (and marker
-			// blobs), as blobfuse's virtual directories.
-			if on, err := boolVal(); err != nil || !on {
-				return s, bad("blobfs always has virtual directories (true)")
-			}
-			continue
-		case "use-adls":
-			if on, err := boolVal(); err != nil || on {
-				return s, bad(whyHNS)
-			}
-			continue
-		default:
-			return s, bad(fmt.Sprintf("not supported (supported: %s, ro; of blobfuse's: %s)", strings.Join(mountOptionNames, ", "), strings.Join(blobfuseMountOptions, ", ")))
-		}
-		if err != nil {
+		if err := opt.apply(&s, name, v); err != nil {
 			return s, err
 		}
+		if opt.unrecorded {
+			continue
+		}
+		if opt.recordAs != "" {
+			name = opt.recordAs
+		}
 		if hasVal {
-			set[name] = val
+			set[name] = v.raw
 		} else {
 			set[name] = "true"
 		}
@@ -782,4 +599,235 @@ func parseMountOptions(opts []string, field string) (mountSettings, error) {
 	}
 	slices.Sort(s.Options)
 	return s, nil
+}
+
+// splitMountOptions flattens mount options into single options. They may
+// come space-separated in one string, as blob-csi-driver's mountOptions
+// volume attribute has them ("-o allow_other
+// --file-cache-timeout-in-seconds=120"); "-o" only introduces a list.
+func splitMountOptions(opts []string) []string {
+	var flat []string
+	for _, o := range opts {
+		for _, tok := range strings.Fields(o) {
+			if tok == "-o" {
+				continue
+			}
+			for _, x := range strings.Split(tok, ",") {
+				if x = strings.TrimSpace(x); x != "" {
+					flat = append(flat, x)
+				}
+			}
+		}
+	}
+	return flat
+}
+
+// optionValue is one mount option's value as given.
+type optionValue struct {
+	raw    string
+	given  bool   // "name=value" rather than "name"
+	option string // the option as written, for errors
+	field  string // where it came from, for errors
+}
+
+func (v optionValue) bad(why string) error {
+	return fmt.Errorf("%s: mount option %q: %s", v.field, clip(v.option, 80), why)
+}
+
+func (v optionValue) boolean() (bool, error) {
+	if !v.given {
+		return true, nil
+	}
+	b, err := strconv.ParseBool(v.raw)
+	if err != nil {
+		return false, v.bad("not true or false")
+	}
+	return b, nil
+}
+
+func (v optionValue) integer(lo, hi int64) (int64, error) {
+	n, err := strconv.ParseInt(v.raw, 10, 64)
+	if !v.given || err != nil || n < lo || n > hi {
+		return 0, v.bad(fmt.Sprintf("needs an integer in [%d, %d]", lo, hi))
+	}
+	return n, nil
+}
+
+// duration takes Go's form or whole seconds, as FUSE's attr_timeout=120
+// and blobfuse's.
+func (v optionValue) duration() (time.Duration, error) {
+	d, err := time.ParseDuration(v.raw)
+	if n, nerr := strconv.ParseUint(v.raw, 10, 32); nerr == nil {
+		d, err = time.Duration(n)*time.Second, nil
+	}
+	if !v.given || err != nil || d < 0 || d > 24*time.Hour {
+		return 0, v.bad("needs a duration like 1s, 500ms or 120 (seconds); 0 disables")
+	}
+	return d, nil
+}
+
+func (v optionValue) mode(max uint64, example string) (uint32, error) {
+	n, err := strconv.ParseUint(v.raw, 8, 32)
+	if !v.given || err != nil || n > max {
+		return 0, v.bad(fmt.Sprintf("needs an octal mode within %#o, e.g. %s", max, example))
+	}
+	return uint32(n), nil
+}
+
+// mountOption is one row of the allow-list: the names it goes by, and
+// what its value does to the settings (name is the one used).
+type mountOption struct {
+	names []string
+	apply func(s *mountSettings, name string, v optionValue) error
+	// recordAs is the name the node state records it under ("" for the
+	// name used); unrecorded options change nothing (the default, or
+	// blobfuse's, accepted for moving over).
+	recordAs   string
+	unrecorded bool
+}
+
+// Rows of the table, by kind of value.
+
+func boolOption(set func(*mountSettings, bool), names ...string) mountOption {
+	return mountOption{names: names, apply: func(s *mountSettings, _ string, v optionValue) error {
+		b, err := v.boolean()
+		set(s, b)
+		return err
+	}}
+}
+
+func intOption(lo, hi int64, set func(*mountSettings, int64), names ...string) mountOption {
+	return mountOption{names: names, apply: func(s *mountSettings, _ string, v optionValue) error {
+		n, err := v.integer(lo, hi)
+		set(s, n)
+		return err
+	}}
+}
+
+// timeoutOption: 0 disables, as for `blobfs mount`.
+func timeoutOption(set func(*mountSettings, time.Duration), names ...string) mountOption {
+	return mountOption{names: names, apply: func(s *mountSettings, _ string, v optionValue) error {
+		d, err := v.duration()
+		if d == 0 {
+			d = -1
+		}
+		set(s, d)
+		return err
+	}}
+}
+
+// acceptedOption is an option of blobfuse's that asks for nothing blobfs
+// does differently: its value is checked, and it changes nothing.
+func acceptedOption(check func(v optionValue) error, names ...string) mountOption {
+	return mountOption{names: names, unrecorded: true, apply: func(_ *mountSettings, _ string, v optionValue) error {
+		return check(v)
+	}}
+}
+
+// mountOptionTable is the allow-list: the `blobfs mount` flags that make
+// sense for one volume (mountOptionNames), their aliases, and blobfuse's
+// options of blob-csi-driver's examples (blobfuseMountOptions).
+var mountOptionTable = []mountOption{
+	{names: []string{"ro", "read-only"}, recordAs: "read-only", apply: func(s *mountSettings, _ string, v optionValue) error {
+		b, err := v.boolean()
+		s.FS.ReadOnly, s.Mount.ReadOnly = b, b
+		return err
+	}},
+	{names: []string{"rw", "defaults"}, unrecorded: true, apply: func(*mountSettings, string, optionValue) error { return nil }},
+	boolOption(func(s *mountSettings, b bool) { s.Mount.AllowOther = b }, "allow-other"),
+	boolOption(func(s *mountSettings, b bool) { s.Mount.Debug = b }, "debug-fuse"),
+	intOption(8, 64<<10, func(s *mountSettings, n int64) { s.FS.BlockCacheBytes = n << 20 }, "block-cache-mb"),
+	intOption(1, 256, func(s *mountSettings, n int64) { s.FS.ReadBlockSize = n << 20 }, "read-block-mb"),
+	intOption(1, 4000, func(s *mountSettings, n int64) { s.FS.UploadBlockSize = n << 20 }, "upload-block-mb"),
+	intOption(1, 1024, func(s *mountSettings, n int64) { s.FS.MaxReadAheadBlocks = int(n) }, "readahead-blocks"),
+	intOption(1, 256, func(s *mountSettings, n int64) { s.FS.UploadConcurrency = int(n) }, "upload-concurrency"),
+	intOption(0, 1024, func(s *mountSettings, n int64) { s.FS.PrefetchFiles = zeroDisables(n) }, "prefetch-files"),
+	intOption(0, 10_000_000, func(s *mountSettings, n int64) { s.FS.WalkAhead = zeroDisables(n) }, "walk-ahead"),
+	boolOption(func(s *mountSettings, b bool) { s.FS.WriteBack = b }, "write-back"),
+	// validate-md5: blobfuse2's name for the same check.
+	boolOption(func(s *mountSettings, b bool) { s.FS.NoContentCheck = !b }, "verify-md5", "validate-md5"),
+	intOption(1, 1<<30, func(s *mountSettings, n int64) { s.FS.WriteBackBytes = n << 20 }, "write-back-mb"),
+	intOption(1, 64, func(s *mountSettings, n int64) { s.Mount.Readers = int(n) }, "fuse-readers"),
+	intOption(1, 100, func(s *mountSettings, n int64) { s.Retry.MaxAttempts = int(n) }, "retry-attempts"),
+	// Given, uid and gid are the owner of every file, as for blobfs mount.
+	intOption(0, 1<<32-2, func(s *mountSettings, n int64) { s.FS.UID, s.FS.ForceOwner = uint32(n), true }, "uid"),
+	intOption(0, 1<<32-2, func(s *mountSettings, n int64) { s.FS.GID, s.FS.ForceOwner = uint32(n), true }, "gid"),
+	{names: []string{"file-mode", "dir-mode"}, apply: func(s *mountSettings, name string, v optionValue) error {
+		m, err := v.mode(0o7777, "0750")
+		if name == "file-mode" {
+			s.FS.FileMode = m
+		} else {
+			s.FS.DirMode = m
+		}
+		s.FS.ForcePerm = true
+		return err
+	}},
+	boolOption(func(s *mountSettings, b bool) { s.FS.NoAttrWrites = !b }, "posix-attrs"),
+	{names: []string{"umask"}, apply: func(s *mountSettings, _ string, v optionValue) error {
+		m, err := v.mode(0o777, "022")
+		s.FS.Umask = m
+		return err
+	}},
+	timeoutOption(func(s *mountSettings, d time.Duration) { s.FS.AttrTimeout = d }, "attr-timeout"),
+	timeoutOption(func(s *mountSettings, d time.Duration) { s.FS.EntryTimeout = d }, "entry-timeout"),
+	timeoutOption(func(s *mountSettings, d time.Duration) { s.FS.NegativeTimeout = d }, "negative-timeout"),
+	timeoutOption(func(s *mountSettings, d time.Duration) { s.FS.ListTimeout = d }, "list-timeout"),
+	{names: []string{"retry-max-delay"}, apply: func(s *mountSettings, _ string, v optionValue) error {
+		var err error
+		s.Retry.MaxDelay, err = v.duration()
+		return err
+	}},
+	// blobfuse's whole-file cache and its listing at mount: blobfs keeps
+	// no file cache (it reads blocks on demand) and lists nothing at
+	// mount.
+	acceptedOption(func(v optionValue) error {
+		if _, err := strconv.ParseUint(v.raw, 10, 63); !v.given || err != nil {
+			return v.bad("needs a whole number")
+		}
+		return nil
+	}, "file-cache-timeout-in-seconds", "file-cache-timeout", "cancel-list-on-mount-seconds", "cache-size-mb"),
+	// blobfs caches attributes for attr-timeout.
+	acceptedOption(func(v optionValue) error {
+		_, err := v.boolean()
+		return err
+	}, "use-attr-cache"),
+	// The driver owns logging and the cache directory.
+	acceptedOption(func(optionValue) error { return nil }, "log-level", "tmp-path"),
+	// blobfs's directories are blob name prefixes (and marker blobs), as
+	// blobfuse's virtual directories.
+	acceptedOption(func(v optionValue) error {
+		if on, err := v.boolean(); err != nil || !on {
+			return v.bad("blobfs always has virtual directories (true)")
+		}
+		return nil
+	}, "virtual-directory"),
+	acceptedOption(func(v optionValue) error {
+		if on, err := v.boolean(); err != nil || on {
+			return v.bad(whyHNS)
+		}
+		return nil
+	}, "use-adls"),
+}
+
+// mountOptionByName indexes mountOptionTable by every name.
+var mountOptionByName = func() map[string]*mountOption {
+	m := map[string]*mountOption{}
+	for i := range mountOptionTable {
+		for _, n := range mountOptionTable[i].names {
+			if m[n] != nil {
+				panic("mount option " + n + " defined twice")
+			}
+			m[n] = &mountOptionTable[i]
+		}
+	}
+	return m
+}()
+
+// zeroDisables: 0 disables a count, as for blobfs mount (-1 in
+// fusefs.Options).
+func zeroDisables(n int64) int {
+	if n == 0 {
+		return -1
+	}
+	return int(n)
 }

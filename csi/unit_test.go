@@ -341,3 +341,27 @@ func (f fakeSecrets) GetSecret(ctx context.Context, ns, name string) (map[string
 	}
 	return nil, ErrSecretNotFound
 }
+
+// TestMountOptionTableMatchesNames: the allow-list the errors print
+// (mountOptionNames, blobfuseMountOptions) and the table that parses the
+// options name the same options.
+func TestMountOptionTableMatchesNames(t *testing.T) {
+	listed := map[string]bool{"ro": true, "rw": true, "defaults": true, "validate-md5": true}
+	for _, n := range mountOptionNames {
+		listed[n] = true
+	}
+	for _, n := range blobfuseMountOptions {
+		name, _, _ := strings.Cut(n, "=")
+		listed[name] = true
+	}
+	for n := range listed {
+		if mountOptionByName[n] == nil {
+			t.Errorf("mount option %s is listed but not in mountOptionTable", n)
+		}
+	}
+	for n := range mountOptionByName {
+		if !listed[n] {
+			t.Errorf("mount option %s is in mountOptionTable but not listed in mountOptionNames or blobfuseMountOptions", n)
+		}
+	}
+}
