@@ -412,43 +412,64 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVo
 	return &csipb.NodeUnstageVolumeResponse{}, nil
 }
 
-func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, invalid("volume_id is missing")
+// publishRequest is a NodePublishVolume request, checked: what the rest
+// of the call acts on.
+type publishRequest struct {
+	id       string
+	target   string // checked to lie in the kubelet directory
+	staging  string // "" for an inline volume
+	readOnly bool   // the capability's or the request's
+	group    string // the fsGroup to mount for ("" none)
+	params   volumeParams
+}
+
+// parsePublish checks a NodePublishVolume request, in the order its errors
+// are reported. An inline volume has no staging path to check.
+func (d *Driver) parsePublish(req *csipb.NodePublishVolumeRequest) (publishRequest, error) {
+	r := publishRequest{id: req.GetVolumeId()}
+	if r.id == "" {
+		return r, invalid("volume_id is missing")
 	}
-	target, err := d.checkPath("target_path", req.GetTargetPath())
-	if err != nil {
-		return nil, invalid("%v", err)
+	var err error
+	if r.target, err = d.checkPath("target_path", req.GetTargetPath()); err != nil {
+		return r, invalid("%v", err)
 	}
-	ro, _, err := checkCapability("volume_capability", req.GetVolumeCapability())
-	if err != nil {
-		return nil, err
+	if r.readOnly, _, err = checkCapability("volume_capability", req.GetVolumeCapability()); err != nil {
+		return r, err
 	}
-	ro = ro || req.GetReadonly()
-	group, err := mountGroupOf("volume_capability", req.GetVolumeCapability())
-	if err != nil {
-		return nil, err
+	r.readOnly = r.readOnly || req.GetReadonly()
+	if r.group, err = mountGroupOf("volume_capability", req.GetVolumeCapability()); err != nil {
+		return r, err
 	}
-	p, err := parseParams(req.GetVolumeContext(), "volume_context")
-	if err != nil {
-		return nil, invalid("%v", err)
+	if r.params, err = parseParams(req.GetVolumeContext(), "volume_context"); err != nil {
+		return r, invalid("%v", err)
 	}
-	if p.Ephemeral {
-		return d.publishEphemeral(ctx, req, target)
+	if r.params.Ephemeral {
+		return r, nil
 	}
-	if p.NoFSGroup {
-		group = "" // fsGroupChangePolicy None, as at NodeStageVolume
+	if r.params.NoFSGroup {
+		r.group = "" // fsGroupChangePolicy None, as at NodeStageVolume
 	}
-	staging, err := d.checkPath("staging_target_path", req.GetStagingTargetPath())
-	if err != nil {
-		return nil, invalid("%v (this driver stages volumes)", err)
+	if r.staging, err = d.checkPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return r, invalid("%v (this driver stages volumes)", err)
 	}
 	if len(req.GetSecrets()) > 0 {
 		if _, err := parseSecrets(req.GetSecrets(), "secrets"); err != nil {
-			return nil, invalid("%v", err)
+			return r, invalid("%v", err)
 		}
 	}
-	id := req.GetVolumeId()
+	return r, nil
+}
+
+func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
+	r, err := d.parsePublish(req)
+	if err != nil {
+		return nil, err
+	}
+	if r.params.Ephemeral {
+		return d.publishEphemeral(ctx, req, r.target)
+	}
+	id, target, staging, ro, group := r.id, r.target, r.staging, r.readOnly, r.group
 	if !d.locks.tryLock(id) {
 		return nil, busy(id)
 	}
@@ -516,28 +537,38 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 			return nil, err
 		}
 	}
+	if err := d.bindTarget(ctx, id, rec, smp, tmp, target, ro); err != nil {
+		return nil, err
+	}
+	return &csipb.NodePublishVolumeResponse{}, nil
+}
+
+// bindTarget bind-mounts the staged volume smp at the target tmp (the
+// path target), unless it is published there already, replacing what else
+// is mounted there, and records the target.
+func (d *Driver) bindTarget(ctx context.Context, id string, rec VolumeRecord, smp, tmp *MountPoint, target string, ro bool) error {
 	switch st := d.mounter.Status(ctx, tmp); st.State {
 	case PathMounted:
 		if t, found := rec.Targets[target]; found {
 			if t.ReadOnly != ro {
-				return nil, status.Errorf(codes.AlreadyExists, "volume %q is already published at %s with read-only=%v", id, target, t.ReadOnly)
+				return status.Errorf(codes.AlreadyExists, "volume %q is already published at %s with read-only=%v", id, target, t.ReadOnly)
 			}
-			return &csipb.NodePublishVolumeResponse{}, nil
+			return nil
 		}
 		// Something else is mounted there: replace it.
 		if err := d.mounter.Unmount(tmp); err != nil {
-			return nil, status.Errorf(codes.Internal, "%v", err)
+			return status.Errorf(codes.Internal, "%v", err)
 		}
 	case PathCorrupted:
 		if err := d.mounter.Unmount(tmp); err != nil {
-			return nil, status.Errorf(codes.Internal, "remove dead mount at %s: %v", target, err)
+			return status.Errorf(codes.Internal, "remove dead mount at %s: %v", target, err)
 		}
 	}
 	if err := tmp.mkdir(); err != nil {
-		return nil, pathError(err)
+		return pathError(err)
 	}
 	if err := d.mounter.BindMount(smp, tmp, ro); err != nil {
-		return nil, storeError("publish", err)
+		return storeError("publish", err)
 	}
 	if rec.Targets == nil {
 		rec.Targets = map[string]TargetRecord{}
@@ -545,10 +576,10 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 	rec.Targets[target] = TargetRecord{ReadOnly: ro}
 	if err := d.state.Put(rec); err != nil {
 		d.mounter.Unmount(tmp)
-		return nil, status.Errorf(codes.Internal, "%v", err)
+		return status.Errorf(codes.Internal, "%v", err)
 	}
 	d.log.Info("volume published", "volume", id, "target", target, "read_only", ro)
-	return &csipb.NodePublishVolumeResponse{}, nil
+	return nil
 }
 
 // publishEphemeral mounts an inline volume at its target.
