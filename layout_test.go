@@ -128,11 +128,11 @@ func projectPackages(t *testing.T, module string) (map[string][]string, map[stri
 		if strings.HasSuffix(path, "_test.go") {
 			return nil // tests may use what they test with
 		}
-		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		src, err := os.ReadFile(path)
 		if err != nil {
 			return err
 		}
-		src, err := os.ReadFile(path)
+		f, err := parser.ParseFile(fset, path, src, parser.ImportsOnly)
 		if err != nil {
 			return err
 		}

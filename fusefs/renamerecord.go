@@ -119,10 +119,11 @@ func (fs *FS) finishRename(ctx context.Context, path string) error {
 	if retry(derr) {
 		return derr
 	}
+	fromDir, _ := splitPath(rec.From) // kept, as the rename would have
 	switch {
 	case serr != nil:
 		fs.log.Debug("a rename of a lost session had finished", "path", rec.From, "to", rec.To)
-		fs.keepDir(ctx, dirOf(rec.From))
+		fs.keepDir(ctx, fromDir)
 	case derr != nil:
 		fs.log.Info("a rename of a lost session did not reach the store; the file keeps its old name", "path", rec.From, "to", rec.To)
 	case sameContent(src, dst):
@@ -130,7 +131,7 @@ func (fs *FS) finishRename(ctx context.Context, path string) error {
 		switch {
 		case err == nil || errors.Is(err, blobstore.ErrNotFound):
 			fs.log.Info("finished a rename of a lost session: its copy was made, the old name is removed", "path", rec.From, "to", rec.To)
-			fs.keepDir(ctx, dirOf(rec.From))
+			fs.keepDir(ctx, fromDir)
 		case errors.Is(err, blobstore.ErrPreconditionFailed):
 			fs.log.Warn("a rename of a lost session left both names, and the old one changed since: both are kept", "path", rec.From, "to", rec.To)
 		default:
@@ -155,10 +156,4 @@ func sameContent(src, dst blobstore.Attrs) bool {
 		return ok && a == b
 	}
 	return len(src.ContentMD5) > 0 && string(src.ContentMD5) == string(dst.ContentMD5)
-}
-
-// dirOf is the directory part of a blob path ("" for the root).
-func dirOf(p string) string {
-	dir, _ := splitPath(p)
-	return dir
 }

@@ -21,7 +21,7 @@ import (
 // it can be.
 
 func BenchmarkRenameRecord(b *testing.B) {
-	fsys := &FS{spillDir: b.TempDir()} // on the disk, as a cache directory is
+	fsys := &FS{spillDir: b.TempDir(), log: testLogger(b)} // on the disk, as a cache directory is
 	for b.Loop() {
 		rec := fsys.recordRename("dir/file.tmp", "dir/file")
 		if rec == "" {
