@@ -26,14 +26,17 @@ var allowedImports = map[string][]string{
 	"blobstore/storetest": {"blobstore"},
 	// MD5 of a block and of the whole blob in one pass.
 	"fusefs/internal/md5pair": nil,
+	// The keeper and its client: mounts carried across restarts of the
+	// serving process, their fds and records opaque.
+	"fusefs/handoff": nil,
 	// The filesystem, its caches, uploads and the restart mechanism.
 	"fusefs": {"blobstore", "fusefs/internal/md5pair"},
 	// Prometheus metrics of a mounted filesystem.
 	"fusefs/fsmetrics": {"blobstore", "fusefs"},
 	// The CSI driver: it mounts through fusefs, in-process.
-	"csi": {"blobstore", "fusefs", "fusefs/fsmetrics"},
+	"csi": {"blobstore", "fusefs", "fusefs/fsmetrics", "fusefs/handoff"},
 	// The one binary: mount, supervisor, keeper, CSI driver, registrar.
-	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/fsmetrics"},
+	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/fsmetrics", "fusefs/handoff"},
 	// Builds the driver's image without Docker.
 	"cmd/blobfs-image": nil,
 	// Throughput benchmarks and their commands.

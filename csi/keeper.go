@@ -10,13 +10,13 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
-	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/handoff"
 )
 
 // Mounts that outlive the driver.
 //
 // With a keeper (a `blobfs keeper` process beside the driver, see
-// fusefs/keeper.go), every mount this driver makes is given to it: a dup of
+// fusefs/handoff/keeper.go), every mount this driver makes is given to it: a dup of
 // its /dev/fuse fd, its state region, and a record of how to serve it again
 // (keeperRecord: the volume, the store's configuration with its credentials,
 // the options). The record lives only in the keeper's memory. When the
@@ -45,7 +45,7 @@ const adoptConcurrency = 8
 // socket (and take them back with AdoptMounts). The connection is made in
 // the background and remade whenever it drops.
 func (m *BlobfsMounter) UseKeeper(socket string) {
-	m.keeper = fusefs.DialKeeper(socket, m.log.With("component", "keeper-client"), m.releaseAll)
+	m.keeper = handoff.Dial(socket, m.log.With("component", "keeper-client"), m.releaseAll)
 }
 
 // hold gives a mount to the keeper. A keeper that does not answer now gets
@@ -119,7 +119,7 @@ func (m *BlobfsMounter) AdoptMounts(ctx context.Context) ([]AdoptedMount, error)
 
 // adopt serves one held mount. h.State becomes the mount's; h.Fuse stays
 // the caller's (the session gets a dup).
-func (m *BlobfsMounter) adopt(h fusefs.HeldMount) (AdoptedMount, error) {
+func (m *BlobfsMounter) adopt(h handoff.HeldMount) (AdoptedMount, error) {
 	var rec keeperRecord
 	if err := json.Unmarshal(h.Record, &rec); err != nil {
 		return AdoptedMount{}, fmt.Errorf("mount record: %w", err)

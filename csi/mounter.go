@@ -16,6 +16,7 @@ import (
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
 	"github.com/blobfs/blobfs/fusefs/fsmetrics"
+	"github.com/blobfs/blobfs/fusefs/handoff"
 )
 
 // Mounter is what the node service needs to put volumes in place. The
@@ -93,7 +94,7 @@ type BlobfsMounter struct {
 	checkTimeout time.Duration
 	// keeper, if set (UseKeeper), holds every mount's fds so that the
 	// mounts outlive this process; see keeper.go.
-	keeper *fusefs.KeeperClient
+	keeper *handoff.Client
 	// diskCache, if set, is shared by every volume (Config.DiskCache).
 	diskCache *fusefs.DiskCache
 

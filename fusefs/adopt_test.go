@@ -41,10 +41,6 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	if sock := os.Getenv(keeperPeerEnv); sock != "" {
-		peerAdopt(sock)
-		os.Exit(0)
-	}
 	if mnt := os.Getenv(unprivEnv); mnt != "" {
 		runUnprivCases(mnt)
 		os.Exit(0)

@@ -4,22 +4,22 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/blobstore/storetest"
 )
 
-// testLogger logs only under -v.
-func testLogger(t testing.TB) *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+// Test loggers: quiet unless -v, and one that keeps what it logged.
+var (
+	testLogger      = storetest.Logger
+	capturingLogger = storetest.CapturingLogger
+)
+
+type lockedBuffer = storetest.LogBuffer
 
 // mountStore mounts a fresh blobfs over store in a temporary directory and
 // unmounts it when the test ends.

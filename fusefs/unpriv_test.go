@@ -98,7 +98,7 @@ func TestPOSIXUnprivileged(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	os.Chmod(dir, 0o755)
 	bin := filepath.Join(dir, "unpriv.test")
-	copyExecutable(t, bin)
+	storetest.CopyTestBinary(t, bin)
 
 	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
 		checkUnprivileged(t, s, bin, dir)

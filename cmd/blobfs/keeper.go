@@ -6,11 +6,11 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/handoff"
 )
 
 // runKeeper is `blobfs keeper`: the process that holds the driver's FUSE
-// connections while the driver restarts (fusefs/keeper.go). It runs as a
+// connections while the driver restarts (fusefs/handoff/keeper.go). It runs as a
 // container of its own in the node pod, so that a crash or an update of
 // the driver's container leaves it alive.
 func runKeeper(socket *string, logs *logFlags) error {
@@ -23,7 +23,7 @@ func runKeeper(socket *string, logs *logFlags) error {
 	}
 	ctx, stop := signalContext(logger, "the keeper stops; the mounts it holds die with it unless a driver or a newer keeper holds them")
 	defer stop()
-	return fusefs.NewKeeper(*socket, logger).Run(ctx)
+	return handoff.NewKeeper(*socket, logger).Run(ctx)
 }
 
 // registerKeeperFlags declares the flags of `blobfs keeper`; keep the

@@ -1,4 +1,4 @@
-package fusefs
+package handoff
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/blobfs/blobfs/blobstore/storetest"
 )
 
 // The keeper does not care what the fds are: these tests pass memfds whose
@@ -43,7 +45,7 @@ func fileContent(t *testing.T, f *os.File) string {
 
 func startKeeper(t *testing.T, path string) (k *Keeper, stop func()) {
 	t.Helper()
-	k = NewKeeper(path, testLogger(t))
+	k = NewKeeper(path, storetest.Logger(t))
 	return k, startKeeperWith(t, k, path)
 }
 
@@ -92,7 +94,7 @@ func waitHeld(t *testing.T, k *Keeper, n int) {
 	}
 }
 
-func holdTestMount(t *testing.T, c *KeeperClient, key string) (fuse, state *os.File) {
+func holdTestMount(t *testing.T, c *Client, key string) (fuse, state *os.File) {
 	t.Helper()
 	fuse, state = memfd(t, "fuse:"+key), memfd(t, "state:"+key)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -106,7 +108,7 @@ func holdTestMount(t *testing.T, c *KeeperClient, key string) (fuse, state *os.F
 	return fuse, state
 }
 
-func adoptAll(t *testing.T, c *KeeperClient) map[string]HeldMount {
+func adoptAll(t *testing.T, c *Client) map[string]HeldMount {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -152,7 +154,7 @@ func TestKeeperAdoptWaitsForRelease(t *testing.T) {
 	startKeeper(t, sock)
 
 	var released atomic.Bool
-	first := DialKeeper(sock, testLogger(t), func() {
+	first := Dial(sock, storetest.Logger(t), func() {
 		time.Sleep(100 * time.Millisecond) // draining takes a while
 		released.Store(true)
 	})
@@ -164,7 +166,7 @@ func TestKeeperAdoptWaitsForRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	second := DialKeeper(sock, testLogger(t), nil)
+	second := Dial(sock, storetest.Logger(t), nil)
 	defer second.Close()
 	got := adoptAll(t, second)
 	if !released.Load() {
@@ -184,7 +186,7 @@ func TestKeeperAdoptWaitsForRelease(t *testing.T) {
 func TestKeeperRestartReattach(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "keeper.sock")
 	_, stop := startKeeper(t, sock)
-	owner := DialKeeper(sock, testLogger(t), func() {})
+	owner := Dial(sock, storetest.Logger(t), func() {})
 	defer owner.Close()
 	holdTestMount(t, owner, "/a")
 	holdTestMount(t, owner, "/b")
@@ -194,7 +196,7 @@ func TestKeeperRestartReattach(t *testing.T) {
 	stop()
 	k2, _ := startKeeper(t, sock)
 	waitHeld(t, k2, 2) // a fresh keeper knows only what is given back to it
-	second := DialKeeper(sock, testLogger(t), nil)
+	second := Dial(sock, storetest.Logger(t), nil)
 	defer second.Close()
 	got := adoptAll(t, second)
 	checkAdopted(t, got, "/a", "/b")
@@ -207,7 +209,7 @@ func TestKeeperHandoffToNewerKeeper(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "keeper.sock")
 	startKeeper(t, sock)
 	var released atomic.Bool
-	owner := DialKeeper(sock, testLogger(t), func() { released.Store(true) })
+	owner := Dial(sock, storetest.Logger(t), func() { released.Store(true) })
 	defer owner.Close()
 	holdTestMount(t, owner, "/a")
 	holdTestMount(t, owner, "/b")
@@ -222,7 +224,7 @@ func TestKeeperHandoffToNewerKeeper(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	second := DialKeeper(sock, testLogger(t), nil)
+	second := Dial(sock, storetest.Logger(t), nil)
 	defer second.Close()
 	got := adoptAll(t, second)
 	if !released.Load() {
@@ -235,14 +237,14 @@ func TestKeeperAdopterWaitsForOwnerAfterHandoff(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "keeper.sock")
 	startKeeper(t, sock)
 	var released atomic.Bool
-	owner := DialKeeper(sock, testLogger(t), func() { released.Store(true) })
+	owner := Dial(sock, storetest.Logger(t), func() { released.Store(true) })
 	defer owner.Close()
 	holdTestMount(t, owner, "/a")
 
 	startKeeper(t, sock)
 	// Adopt at once: the owner may not have reconnected yet, and must
 	// still release before the adopter gets the mount.
-	second := DialKeeper(sock, testLogger(t), nil)
+	second := Dial(sock, storetest.Logger(t), nil)
 	defer second.Close()
 	got := adoptAll(t, second)
 	if !released.Load() {
@@ -273,7 +275,7 @@ func TestKeeperBadRequests(t *testing.T) {
 	}
 	// Garbage is not JSON: the keeper drops the connection, and serves on.
 	sc.c.Write([]byte("not json"))
-	c := DialKeeper(sock, testLogger(t), nil)
+	c := Dial(sock, storetest.Logger(t), nil)
 	defer c.Close()
 	holdTestMount(t, c, "/ok")
 }

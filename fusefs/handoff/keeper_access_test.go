@@ -1,9 +1,7 @@
-package fusefs
+package handoff
 
 import (
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -19,17 +17,15 @@ import (
 	"github.com/blobfs/blobfs/blobstore/storetest"
 )
 
-// lockedBuffer collects log output written from several goroutines: storetest.LogBuffer.
-type lockedBuffer = storetest.LogBuffer
-
-// capturingLogger logs to the returned buffer (and to stderr under -v).
-func capturingLogger(t testing.TB) (*slog.Logger, *lockedBuffer) {
-	lb := &lockedBuffer{}
-	var w io.Writer = lb
-	if testing.Verbose() {
-		w = io.MultiWriter(lb, os.Stderr)
+// The test binary doubles as a keeper client of another user
+// (TestKeeperRefusesOtherUsers): with keeperPeerEnv set it adopts from the
+// socket it names.
+func TestMain(m *testing.M) {
+	if sock := os.Getenv(keeperPeerEnv); sock != "" {
+		peerAdopt(sock)
+		os.Exit(0)
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})), lb
+	os.Exit(m.Run())
 }
 
 // keeperPeerEnv makes the test binary a keeper client that adopts from the
@@ -93,7 +89,7 @@ func TestKeeperRefusesOtherUsers(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, "peer.test")
-	copyExecutable(t, bin)
+	storetest.CopyTestBinary(t, bin)
 
 	const nobody = 65534
 	cases := []struct {
@@ -107,11 +103,11 @@ func TestKeeperRefusesOtherUsers(t *testing.T) {
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			sock := filepath.Join(dir, fmt.Sprintf("keeper%d.sock", i))
-			log, logged := capturingLogger(t)
+			log, logged := storetest.CapturingLogger(t)
 			k := NewKeeper(sock, log)
 			startKeeperWith(t, k, sock)
 			released := make(chan struct{})
-			owner := DialKeeper(sock, testLogger(t), func() { close(released) })
+			owner := Dial(sock, storetest.Logger(t), func() { close(released) })
 			defer owner.Close()
 			holdTestMount(t, owner, "/a")
 			if err := os.Chmod(sock, 0o666); err != nil {
@@ -150,30 +146,6 @@ func TestKeeperRefusesOtherUsers(t *testing.T) {
 			// The owner is still served: it can hold another mount.
 			holdTestMount(t, owner, "/b")
 		})
-	}
-}
-
-// copyExecutable copies this test binary to dst, executable by everyone.
-func copyExecutable(t *testing.T, dst string) {
-	t.Helper()
-	src, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	in, err := os.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -1,4 +1,4 @@
-package fusefs
+package handoff
 
 import (
 	"context"
@@ -684,10 +684,10 @@ type HeldMount struct {
 	UnservedSince time.Time
 }
 
-// KeeperClient is a serving process's connection to the keeper. It keeps a
+// Client is a serving process's connection to the keeper. It keeps a
 // dup of each mount's fds, so that it can give them to a keeper that
 // restarted (reconnecting by itself) or took over from another.
-type KeeperClient struct {
+type Client struct {
 	path      string
 	log       *slog.Logger
 	onRelease func()
@@ -718,21 +718,21 @@ type clientMount struct {
 	record          []byte
 }
 
-// DialKeeper connects to the keeper at path, retrying in the background
+// Dial connects to the keeper at path, retrying in the background
 // until it answers (and again whenever the connection drops). onRelease is
 // called when another server adopts the mounts: it must stop serving them
 // (Session.Stop) and close their filesystems before returning.
-func DialKeeper(path string, log *slog.Logger, onRelease func()) *KeeperClient {
+func Dial(path string, log *slog.Logger, onRelease func()) *Client {
 	if log == nil {
 		log = slog.Default()
 	}
-	c := &KeeperClient{path: path, log: log, onRelease: onRelease, held: map[string]*clientMount{}, connCh: make(chan struct{})}
+	c := &Client{path: path, log: log, onRelease: onRelease, held: map[string]*clientMount{}, connCh: make(chan struct{})}
 	go c.connectLoop()
 	return c
 }
 
 // WaitConnected waits until the keeper answers or ctx ends.
-func (c *KeeperClient) WaitConnected(ctx context.Context) error {
+func (c *Client) WaitConnected(ctx context.Context) error {
 	c.mu.Lock()
 	ch := c.connCh
 	c.mu.Unlock()
@@ -744,7 +744,7 @@ func (c *KeeperClient) WaitConnected(ctx context.Context) error {
 	}
 }
 
-func (c *KeeperClient) connectLoop() {
+func (c *Client) connectLoop() {
 	backoff := 50 * time.Millisecond
 	warned := time.Now()
 	for {
@@ -797,7 +797,7 @@ func (c *KeeperClient) connectLoop() {
 
 // reattach gives a (re)connected keeper what this process serves. It holds
 // reqMu throughout, so that Hold and Drop wait and the fds stay open.
-func (c *KeeperClient) reattach() error {
+func (c *Client) reattach() error {
 	c.reqMu.Lock()
 	defer c.reqMu.Unlock()
 	c.mu.Lock()
@@ -826,7 +826,7 @@ func (c *KeeperClient) reattach() error {
 }
 
 // readLoop passes replies to the waiting request and handles "release".
-func (c *KeeperClient) readLoop(sc seqConn, replies chan keeperReply, done chan struct{}) {
+func (c *Client) readLoop(sc seqConn, replies chan keeperReply, done chan struct{}) {
 	defer close(done)
 	defer close(replies)
 	for {
@@ -843,7 +843,7 @@ func (c *KeeperClient) readLoop(sc seqConn, replies chan keeperReply, done chan 
 }
 
 // release stops serving (onRelease) and tells the keeper.
-func (c *KeeperClient) release(sc seqConn) {
+func (c *Client) release(sc seqConn) {
 	c.mu.Lock()
 	if c.released {
 		c.mu.Unlock()
@@ -868,7 +868,7 @@ func (c *KeeperClient) release(sc seqConn) {
 }
 
 // Released tells whether another server took the mounts over.
-func (c *KeeperClient) Released() bool {
+func (c *Client) Released() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.released
@@ -876,7 +876,7 @@ func (c *KeeperClient) Released() bool {
 
 // requestLocked sends one message and waits for its answer; the caller
 // holds reqMu.
-func (c *KeeperClient) requestLocked(m keeperMsg, fds ...int) (keeperReply, error) {
+func (c *Client) requestLocked(m keeperMsg, fds ...int) (keeperReply, error) {
 	c.mu.Lock()
 	sc, up, replies := c.conn, c.up, c.replies
 	c.mu.Unlock()
@@ -903,7 +903,7 @@ var errKeeperLost = errors.New("keeper connection lost")
 // Adopt makes this process the owner of every mount the keeper holds,
 // after the previous owner released them, and returns them. A connection
 // lost meanwhile (the keeper handing over to a newer one) is retried.
-func (c *KeeperClient) Adopt(ctx context.Context) ([]HeldMount, error) {
+func (c *Client) Adopt(ctx context.Context) ([]HeldMount, error) {
 	for {
 		if err := c.WaitConnected(ctx); err != nil {
 			return nil, err
@@ -921,7 +921,7 @@ func (c *KeeperClient) Adopt(ctx context.Context) ([]HeldMount, error) {
 	}
 }
 
-func (c *KeeperClient) adoptOnce(ctx context.Context) ([]HeldMount, error) {
+func (c *Client) adoptOnce(ctx context.Context) ([]HeldMount, error) {
 	c.reqMu.Lock()
 	defer c.reqMu.Unlock()
 	c.mu.Lock()
@@ -1004,7 +1004,7 @@ func dupMount(fuseFD, stateFD int, record []byte) (*clientMount, error) {
 // Hold gives the keeper a mount this process serves (replacing an earlier
 // one under the same key). If the keeper is not reachable now, the mount is
 // remembered and given when it is, and Hold returns the error.
-func (c *KeeperClient) Hold(key string, fuseFD int, state *os.File, record []byte) error {
+func (c *Client) Hold(key string, fuseFD int, state *os.File, record []byte) error {
 	cm, err := dupMount(fuseFD, int(state.Fd()), record)
 	if err != nil {
 		return fmt.Errorf("keeper: dup fds: %w", err)
@@ -1024,7 +1024,7 @@ func (c *KeeperClient) Hold(key string, fuseFD int, state *os.File, record []byt
 }
 
 // Drop tells the keeper a mount is gone.
-func (c *KeeperClient) Drop(key string) error {
+func (c *Client) Drop(key string) error {
 	c.reqMu.Lock()
 	defer c.reqMu.Unlock()
 	c.mu.Lock()
@@ -1039,7 +1039,7 @@ func (c *KeeperClient) Drop(key string) error {
 }
 
 // Close disconnects; the keeper keeps what it holds.
-func (c *KeeperClient) Close() {
+func (c *Client) Close() {
 	c.mu.Lock()
 	c.closed = true
 	if c.up {
