@@ -29,8 +29,10 @@ var allowedImports = map[string][]string{
 	// The keeper and its client: mounts carried across restarts of the
 	// serving process, their fds and records opaque.
 	"fusefs/handoff": nil,
+	// Content-MD5 checks of whole reads.
+	"fusefs/contentsum": nil,
 	// The filesystem, its caches, uploads and the restart mechanism.
-	"fusefs": {"blobstore", "fusefs/internal/md5pair"},
+	"fusefs": {"blobstore", "fusefs/contentsum", "fusefs/internal/md5pair"},
 	// Prometheus metrics of a mounted filesystem.
 	"fusefs/fsmetrics": {"blobstore", "fusefs"},
 	// The CSI driver: it mounts through fusefs, in-process.

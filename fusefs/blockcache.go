@@ -12,6 +12,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/contentsum"
 )
 
 // blockCache holds fixed-size blocks of blob content in memory.
@@ -82,7 +83,7 @@ type blockCache struct {
 	disk *diskTier
 	// sums checks whole reads against Content-MD5 (contentsum.go); nil:
 	// no checks. held counts the blocks it keeps pinned (guarded by mu).
-	sums *sumChecks
+	sums *contentsum.Checks
 	held int64
 }
 
@@ -481,12 +482,12 @@ func (c *blockCache) fetch(b *block, size int64) {
 	buf := b.buf[:n]
 	// Before ready: once readers have the block, it may be evicted and its
 	// buffer reused, and readThrough writes the disk cache from it.
-	check := c.sums.begin(b.key.name, b.key.etag, off, n)
+	check := c.sums.Begin(b.key.name, b.key.etag, off, n)
 	got, err := readThrough(context.Background(), c.store, c.disk, nil, c.fetched, b.key.name, b.key.etag, size, buf, off)
 	// Before ready too: the block of a whole read that lands last waits
 	// for the verdict, and fails on a mismatch. The others are ready at
 	// once, pinned until hashed.
-	if verr := c.sums.endHeld(check, buf[:got], err, func() func() {
+	if verr := c.sums.EndHeld(check, buf[:got], err, func() func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		// At most 3/4 of the cache held (read-ahead's window at

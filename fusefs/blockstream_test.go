@@ -7,9 +7,9 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/blobstore/storetest"
 )
 
 // gatedStore holds every StageBlock until the gate opens, and counts the
@@ -61,27 +61,11 @@ func (s *gatedStore) counts() (inFlight, started int) {
 	return s.inFlight, s.started
 }
 
-// waitFor polls cond for up to 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	if !pollUntil(10*time.Second, cond) {
-		t.Fatalf("timed out waiting for %s", what)
-	}
-}
-
-// pollUntil polls cond every few milliseconds until it holds, or for at
-// most limit; it tells whether cond held. For waits whose failure message
-// says more than waitFor's.
-func pollUntil(limit time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
-}
+// Waits for an event, polled (storetest).
+var (
+	waitFor   = storetest.WaitFor
+	pollUntil = storetest.PollUntil
+)
 
 // TestStreamingStagesBlocksInParallel: while a file is being written, as
 // many blocks stage at once as there are upload slots (2 ×

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/contentsum"
 )
 
 // chunkCache serves random reads: small pieces of blobs, fetched with a
@@ -34,9 +35,9 @@ import (
 type chunkCache struct {
 	store    blobstore.Store
 	capacity int64
-	fetched  *atomic.Int64 // bytes downloaded for reads, shared with the block cache
-	disk     *diskTier     // asked before the store (diskcache.go); may be nil
-	sums     *sumChecks    // checks whole reads (contentsum.go); may be nil
+	fetched  *atomic.Int64      // bytes downloaded for reads, shared with the block cache
+	disk     *diskTier          // asked before the store (diskcache.go); may be nil
+	sums     *contentsum.Checks // checks whole reads (contentsum.go); may be nil
 
 	mu     sync.Mutex
 	chunks map[blockKey]*list.Element // of *chunk

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/contentsum"
 )
 
 // DiskCache keeps blob content that reads fetched in files on a local disk,
@@ -436,10 +437,10 @@ func (c *DiskCache) removeDropped() {
 // A blob being read whole is hashed here against its Content-MD5 (sums,
 // which may be nil): the read that completes a mismatching blob fails with
 // errContentMismatch.
-func readThrough(ctx context.Context, store blobstore.Store, disk *diskTier, sums *sumChecks, fetched *atomic.Int64, name, etag string, size int64, p []byte, off int64) (int, error) {
-	check := sums.begin(name, etag, off, int64(len(p)))
+func readThrough(ctx context.Context, store blobstore.Store, disk *diskTier, sums *contentsum.Checks, fetched *atomic.Int64, name, etag string, size int64, p []byte, off int64) (int, error) {
+	check := sums.Begin(name, etag, off, int64(len(p)))
 	if got, ok := disk.read(name, etag, size, p, off); ok {
-		return got, sums.end(check, p[:got], nil)
+		return got, sums.End(check, p[:got], nil)
 	}
 	got, err := store.ReadAt(ctx, name, p, off, etag)
 	if fetched != nil {
@@ -449,11 +450,11 @@ func readThrough(ctx context.Context, store blobstore.Store, disk *diskTier, sum
 		err = nil
 	}
 	if err != nil {
-		sums.end(check, nil, err)
+		sums.End(check, nil, err)
 		return got, err
 	}
 	disk.keep(name, etag, size, p[:got], off)
-	return got, sums.end(check, p[:got], nil)
+	return got, sums.End(check, p[:got], nil)
 }
 
 // forget drops the cache file of a version, if any.
@@ -520,7 +521,7 @@ const DiskFillBytes = maxFills * fillWorkers * fillChunk
 // maxFills at once (others wait their turn); the bytes count as fetched for
 // reads (Stats.FetchedBytes). A file the fill completes is then checked
 // against its Content-MD5 want (verifyFilled).
-func (fs *FS) fillDisk(path, etag string, size int64, want contentSum) {
+func (fs *FS) fillDisk(path, etag string, size int64, want contentsum.Sum) {
 	if fs.disk == nil || etag == "" || size > fs.disk.cache.capacity/4 {
 		return
 	}
@@ -594,8 +595,8 @@ func (fs *FS) fillDiskNow(path, etag string, size int64) bool {
 // reads (sumChecks) does not cover it; and making random reads wait for a
 // fill's hash to reach their offset would cost them seconds. The file was
 // just written, so this reads the page cache, in the background.
-func (fs *FS) verifyFilled(path, etag string, size int64, want contentSum) {
-	if fs.sums == nil || !want.known() || fs.sums.trusted(path, etag, want) || fs.sums.isCorrupt(path, etag) {
+func (fs *FS) verifyFilled(path, etag string, size int64, want contentsum.Sum) {
+	if fs.sums == nil || !want.Known() || fs.sums.Trusted(path, etag, want) || fs.sums.IsCorrupt(path, etag) {
 		return
 	}
 	e := fs.disk.cache.complete(fs.disk.ns, path, etag, size)
@@ -618,5 +619,5 @@ func (fs *FS) verifyFilled(path, etag string, size int64, want contentSum) {
 		fs.log.Debug("disk cache: cannot read back a filled file to check it", "path", path, "err", err)
 		return
 	}
-	fs.sums.verdict(verKey{path, etag}, size, want, h.Sum(nil))
+	fs.sums.Verdict(contentsum.Version{Name: path, ETag: etag}, size, want, h.Sum(nil))
 }

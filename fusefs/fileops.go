@@ -10,6 +10,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/contentsum"
 )
 
 // handle is an open file or directory, named by the id the kernel holds.
@@ -489,7 +490,7 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 	// What the writer saw, before the spill file exists, so that its
 	// journal record says so: a successor's commit must be conditional
 	// too. No blob, unless this mount has the file open already.
-	of.openedForWrite(etag, inStore, contentSum{}, 0)
+	of.openedForWrite(etag, inStore, contentsum.Sum{}, 0)
 	if err := of.truncate(ctx, 0); err != nil {
 		fs.releaseFile(of)
 		fs.dropIntent(intent)
@@ -561,7 +562,7 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 		return fuse.ReadResultData(nil), fuse.OK
 	}
 	start := off == 0 && !fs.blocks.has(blockKey{path, etag, 0})
-	if err := fs.sums.expect(path, etag, size, fs.storedSum(h.n, etag), start); err != nil {
+	if err := fs.sums.Expect(path, etag, size, fs.storedSum(h.n, etag), start); err != nil {
 		return nil, toStatus(err)
 	}
 	random := fs.readAhead(h, path, etag, size, off, len(buf))
@@ -575,15 +576,15 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 			fs.applyEntryLocked(h.n, entryFromAttrs(a))
 			fs.mu.Unlock()
 			etag = a.ETag // what the check below is about now
-			if err = fs.sums.expect(path, a.ETag, a.Size, sumOf(a.ContentMD5), off == 0); err == nil {
+			if err = fs.sums.Expect(path, a.ETag, a.Size, contentsum.Of(a.ContentMD5), off == 0); err == nil {
 				res, err = fs.readStored(ctx, random, path, a.ETag, a.Size, buf, off)
 			}
 		}
 	}
-	if err == nil && fs.sums.isCorrupt(path, etag) {
+	if err == nil && fs.sums.IsCorrupt(path, etag) {
 		// Another fetch of these bytes got the verdict.
 		res.Done()
-		err = errContentMismatch
+		err = contentsum.ErrMismatch
 	}
 	if err != nil {
 		if !callerGone(ctx) {

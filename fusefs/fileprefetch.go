@@ -78,7 +78,7 @@ func (fs *FS) prefetchAfterOpen(path string) {
 			continue // handed out already
 		}
 		path := joinPath(dir, it.name)
-		if fs.sums.expect(path, e.etag, e.size, e.sum, !fs.blocks.has(blockKey{path, e.etag, 0})) != nil {
+		if fs.sums.Expect(path, e.etag, e.size, e.sum, !fs.blocks.has(blockKey{path, e.etag, 0})) != nil {
 			continue // known not to match its Content-MD5
 		}
 		if !fs.blocks.prefetch(blockKey{path, e.etag, 0}, e.size, 0) {

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/contentsum"
 )
 
 // FS is the blobfs filesystem: a fuse.RawFileSystem over one container.
@@ -74,7 +75,7 @@ type FS struct {
 	passthrough passthrough
 	// sums checks whole reads against the blobs' Content-MD5
 	// (contentsum.go); nil with Options.NoContentCheck.
-	sums *sumChecks
+	sums *contentsum.Checks
 	// writeBackPending sums the sizes of the files whose write-back
 	// upload has not ended; writeBackSlots bounds those uploading
 	// (writeback.go). keptFiles counts the files whose data went to
@@ -163,7 +164,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		fs.blocks.disk, fs.chunks.disk = fs.disk, fs.disk
 	}
 	if !opts.NoContentCheck {
-		fs.sums = newSumChecks(fs.log, func(name, etag string) {
+		fs.sums = contentsum.NewChecks(fs.log, func(name, etag string) {
 			fs.blocks.dropVersion(name, etag)
 			fs.chunks.dropVersion(name, etag)
 			fs.disk.forget(name, etag)
@@ -262,7 +263,7 @@ func (fs *FS) Stats() Stats {
 	}
 	s.PassthroughOpens = fs.passthrough.opens.Load()
 	s.WriteBackBytes, s.KeptFiles = fs.writeBackPending.Load(), fs.keptFiles.Load()
-	s.ContentVerified, s.ContentMismatches = fs.sums.stats()
+	s.ContentVerified, s.ContentMismatches = fs.sums.Stats()
 	s.ReusedBytes = fs.reusedBytes.Load()
 	return s
 }
@@ -415,11 +416,11 @@ func (fs *FS) fileState(n *node) (path, etag string, size int64, inStore, ok boo
 }
 
 // storedSum returns the Content-MD5 of n's blob at version etag, if known.
-func (fs *FS) storedSum(n *node, etag string) contentSum {
+func (fs *FS) storedSum(n *node, etag string) contentsum.Sum {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if n.etag != etag {
-		return contentSum{}
+		return contentsum.Sum{}
 	}
 	return n.sum
 }

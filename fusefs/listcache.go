@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/blobfs/blobfs/fusefs/contentsum"
 )
 
 // listCache remembers directory listings for Options.ListTimeout so that
@@ -520,9 +522,9 @@ type dirEntry struct {
 	size    int64
 	mtime   time.Time
 	etag    string
-	sum     contentSum // Content-MD5
-	target  string     // symlinks: unknown ("") in listings
-	pending bool       // created here, not yet committed
+	sum     contentsum.Sum // Content-MD5
+	target  string         // symlinks: unknown ("") in listings
+	pending bool           // created here, not yet committed
 	attrs   posixAttrs
 }
 

@@ -7,6 +7,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/contentsum"
 )
 
 // Limits of Azure Blob names (and of what blobfuse2 can read back).
@@ -68,7 +69,7 @@ func metaTrue(md map[string]string, key string) bool {
 // symlink or a regular file.
 func entryFromAttrs(a blobstore.Attrs) dirEntry {
 	m := readMeta(a.Metadata)
-	e := dirEntry{kind: kindFile, size: a.Size, mtime: a.ModTime, etag: a.ETag, sum: sumOf(a.ContentMD5), attrs: m.posix}
+	e := dirEntry{kind: kindFile, size: a.Size, mtime: a.ModTime, etag: a.ETag, sum: contentsum.Of(a.ContentMD5), attrs: m.posix}
 	switch {
 	case m.isFolder:
 		e.kind, e.size = kindDir, 0

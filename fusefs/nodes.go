@@ -4,6 +4,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/blobfs/blobfs/fusefs/contentsum"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
@@ -73,7 +74,7 @@ type node struct {
 	size       int64
 	mtime      time.Time
 	etag       string
-	sum        contentSum // the blob's Content-MD5, if it has one
+	sum        contentsum.Sum // the blob's Content-MD5, if it has one
 	attrExpiry time.Time
 	// inStore is false for a file created through this mount and not yet
 	// committed: the store does not know it, but the kernel does.

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/contentsum"
 )
 
 var folderMeta = map[string]string{blobstore.MetaIsFolder: "true"}
@@ -632,8 +633,8 @@ func (fs *FS) followCopy(n *node, of *openFile, copied blobstore.Attrs, srcETag 
 	}
 	seen, _ := of.seenContentLocked()
 	same := srcETag != "" && srcETag == cond.IfMatch
-	if seen.sum.known() {
-		same = sumOf(copied.ContentMD5) == seen.sum && copied.Size == seen.size
+	if seen.sum.Known() {
+		same = contentsum.Of(copied.ContentMD5) == seen.sum && copied.Size == seen.size
 	}
 	if !same {
 		return

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/contentsum"
 )
 
 // openFile is the content of a file while handles are open on it, shared by
@@ -98,7 +99,7 @@ type openFile struct {
 	// content the spill file was loaded from: a condition that fails
 	// because only the blob's metadata changed (a chmod through another
 	// mount, or the store API) is not another writer (sameContent).
-	openSum, loadedSum   contentSum
+	openSum, loadedSum   contentsum.Sum
 	openSize, loadedSize int64
 	// attrsChanged: this mount changed the file's attributes since its
 	// last commit; a commit over another client's metadata change keeps
@@ -180,10 +181,10 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 			a, err := of.fs.store.Stat(ctx, path)
 			if err == nil {
 				size, etag = a.Size, a.ETag
-				of.loadedSum, of.loadedSize = sumOf(a.ContentMD5), a.Size
+				of.loadedSum, of.loadedSize = contentsum.Of(a.ContentMD5), a.Size
 				of.baseMeta = a.Metadata
 				of.fs.recordLoading(f, path)
-				err = of.fs.download(ctx, path, etag, size, sumOf(a.ContentMD5), f)
+				err = of.fs.download(ctx, path, etag, size, contentsum.Of(a.ContentMD5), f)
 			}
 			if err != nil {
 				of.fs.spills.put(f)
@@ -192,7 +193,7 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 			of.fs.crashPoint("load", "downloaded", path)
 			of.baseETag = etag
 			if of.opened && !of.exclusive && of.openETag != "" && etag != of.openETag &&
-				of.openSum.known() && of.openSum == of.loadedSum && of.openSize == of.loadedSize {
+				of.openSum.Known() && of.openSum == of.loadedSum && of.openSize == of.loadedSize {
 				// Only the metadata changed since the open (a chmod
 				// through another mount): the content the writers saw
 				// is what was loaded, under its new ETag.
@@ -260,7 +261,7 @@ func (of *openFile) keepContent(ctx context.Context) error {
 // conditional on it. A file with a spill file already keeps its own
 // condition: the content there is this mount's, loaded or committed by it,
 // and a handle opened now writes on top of it.
-func (of *openFile) openedForWrite(etag string, inStore bool, sum contentSum, size int64) {
+func (of *openFile) openedForWrite(etag string, inStore bool, sum contentsum.Sum, size int64) {
 	of.mu.Lock()
 	defer of.mu.Unlock()
 	if of.spill != nil {
@@ -687,9 +688,9 @@ func (of *openFile) committedLocked(c commitPlan, attrs blobstore.Attrs, streame
 	}
 	of.baseETag = attrs.ETag
 	of.baseMeta = c.opts.Metadata
-	of.loadedSum, of.loadedSize = sumOf(c.opts.ContentMD5), c.size
+	of.loadedSum, of.loadedSize = contentsum.Of(c.opts.ContentMD5), c.size
 	if len(attrs.ContentMD5) > 0 {
-		of.loadedSum = sumOf(attrs.ContentMD5)
+		of.loadedSum = contentsum.Of(attrs.ContentMD5)
 	}
 	of.attrsChanged = false
 	of.exclusive = false
@@ -706,7 +707,7 @@ var errNameLost = fmt.Errorf("the file's directory was removed after its blob wa
 // seenContent is what a commit's condition stands for: the content of
 // the blob as the spill file loaded it, or as the writers saw it at open.
 type seenContent struct {
-	sum  contentSum // unknown: never compared
+	sum  contentsum.Sum // unknown: never compared
 	size int64
 }
 
@@ -732,18 +733,18 @@ func (of *openFile) needsSourceETag() bool {
 	of.mu.Lock()
 	defer of.mu.Unlock()
 	seen, _ := of.seenContentLocked()
-	return of.conditionsLocked().IfMatch != "" && !seen.sum.known()
+	return of.conditionsLocked().IfMatch != "" && !seen.sum.Known()
 }
 
 // sameContent tells whether the blob at path holds the content seen,
 // under whatever ETag and metadata: a change of metadata alone. Only a
 // Content-MD5 tells; a blob without one is never the same.
 func (fs *FS) sameContent(ctx context.Context, path string, seen seenContent) (blobstore.Attrs, bool) {
-	if !seen.sum.known() {
+	if !seen.sum.Known() {
 		return blobstore.Attrs{}, false
 	}
 	a, err := fs.store.Stat(ctx, path)
-	if err != nil || a.Size != seen.size || sumOf(a.ContentMD5) != seen.sum {
+	if err != nil || a.Size != seen.size || contentsum.Of(a.ContentMD5) != seen.sum {
 		return blobstore.Attrs{}, false
 	}
 	return a, true
@@ -866,12 +867,12 @@ func (of *openFile) keepSpill(blobName string) string {
 // the change that needed it fails with EIO, as a whole read of the blob
 // through the mount would, rather than build on bytes the store did not
 // vouch for.
-func (fs *FS) download(ctx context.Context, name, etag string, size int64, want contentSum, f *os.File) error {
-	if fs.sums.isCorrupt(name, etag) {
-		return errContentMismatch
+func (fs *FS) download(ctx context.Context, name, etag string, size int64, want contentsum.Sum, f *os.File) error {
+	if fs.sums.IsCorrupt(name, etag) {
+		return contentsum.ErrMismatch
 	}
 	var h *streamHash
-	if fs.sums != nil && want.known() {
+	if fs.sums != nil && want.Known() {
 		h = newStreamHash()
 	}
 	chunk := fs.opts.UploadBlockSize
@@ -903,5 +904,5 @@ func (fs *FS) download(ctx context.Context, name, etag string, size int64, want 
 	if sum == nil {
 		return fmt.Errorf("read %q: not every byte was hashed", name)
 	}
-	return fs.sums.verdict(verKey{name, etag}, size, want, sum)
+	return fs.sums.Verdict(contentsum.Version{Name: name, ETag: etag}, size, want, sum)
 }

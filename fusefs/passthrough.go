@@ -148,7 +148,7 @@ func (fs *FS) chooseIOLocked(n *node, path string, write bool, out *fuse.OpenOut
 	case io.passthrough > 0:
 		// Whatever the version: any other open would fail (EIO).
 		return fs.passthroughLocked(n, out)
-	case !write && io.cached == 0 && fs.passthroughPossible() && n.etag != "" && n.inStore && fs.sums.trusted(path, n.etag, n.sum):
+	case !write && io.cached == 0 && fs.passthroughPossible() && n.etag != "" && n.inStore && fs.sums.Trusted(path, n.etag, n.sum):
 		if e := fs.disk.cache.complete(fs.disk.ns, path, n.etag, n.size); e != nil {
 			id, err := openBacking(int(fs.passthrough.devFD.Load()), int(e.f.Fd()))
 			if err == nil {

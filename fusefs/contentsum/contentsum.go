@@ -1,4 +1,10 @@
-package fusefs
+// Package contentsum checks that what a mount reads of a blob is what the
+// blob's Content-MD5 says: whole reads are hashed in order of offset as
+// their ranges arrive, from whichever cache fetched them, and a version
+// whose bytes do not match is failed for every later read, never served
+// silently. It owns the Sum type every listed entry carries, and imports
+// no other package of the project.
+package contentsum
 
 import (
 	"crypto/md5"
@@ -12,27 +18,27 @@ import (
 	"time"
 )
 
-// contentSum is a blob's Content-MD5 (blobstore.Attrs.ContentMD5); the
+// Sum is a blob's Content-MD5 (blobstore.Attrs.ContentMD5); the
 // zero value means the blob has none. An array, not a slice: it sits in
 // every listed entry, where a slice would cost a pointer and an allocation.
-type contentSum [16]byte
+type Sum [16]byte
 
-// sumOf returns the contentSum of a Content-MD5 as the store gave it.
-func sumOf(b []byte) (s contentSum) {
+// Of returns the contentSum of a Content-MD5 as the store gave it.
+func Of(b []byte) (s Sum) {
 	if len(b) == len(s) {
 		copy(s[:], b)
 	}
 	return s
 }
 
-func (s contentSum) known() bool { return s != contentSum{} }
+func (s Sum) Known() bool { return s != Sum{} }
 
-// errContentMismatch fails the read that completes a whole read of a blob
+// ErrMismatch fails the read that completes a whole read of a blob
 // whose bytes do not hash to its Content-MD5, and every later read of that
 // version through this mount: a mismatch is an error, never silent.
-var errContentMismatch = errors.New("the content read does not match the blob's Content-MD5")
+var ErrMismatch = errors.New("the content read does not match the blob's Content-MD5")
 
-// sumChecks verifies whole reads of blobs against their Content-MD5.
+// Checks verifies whole reads of blobs against their Content-MD5.
 //
 // Where: every fetch from the store or the disk cache goes through
 // readThrough, for the block cache, the chunk cache and disk-cache fills
@@ -70,16 +76,16 @@ var errContentMismatch = errors.New("the content read does not match the blob's 
 //
 // Cost: one MD5 pass (about 670 MB/s on one core of these machines) over
 // the bytes fetched for readers that start at offset 0, and nothing for
-// blobs without a Content-MD5 or with --verify-md5=false (a nil sumChecks).
+// blobs without a Content-MD5 or with --verify-md5=false (a nil Checks).
 // The hash trails the fetches by what lands at once: read-ahead's window
 // (128 MiB at the defaults) lands together, so a whole read ends about
 // 0.2 s after its last byte is fetched (docs/benchmarks.md, faulty-read).
-type sumChecks struct {
+type Checks struct {
 	log        *slog.Logger
 	onMismatch func(name, etag string) // drops the version from the caches
 
 	mu      sync.Mutex
-	files   map[verKey]*sumCheck
+	files   map[Version]*sumCheck
 	corrupt versionSet // versions found not to match
 	good    versionSet // versions read whole that matched
 
@@ -87,7 +93,7 @@ type sumChecks struct {
 	mismatches atomic.Int64 // whole reads that did not (Stats.ContentMismatches)
 }
 
-type verKey struct{ name, etag string }
+type Version struct{ Name, ETag string }
 
 // Bounds of sumChecks: versions being hashed at once (the least recently
 // read goes first), and versions remembered as corrupt.
@@ -105,8 +111,8 @@ const (
 // the pass over it now, if any. pass, and everything in it, is guarded by
 // mu; cond wakes the ranges waiting on the pass.
 type sumCheck struct {
-	key  verKey
-	want contentSum
+	key  Version
+	want Sum
 	size int64
 	used time.Time // guarded by sumChecks.mu
 
@@ -128,7 +134,7 @@ type sumPass struct {
 	taken   *heldRange   // the range the hasher hashes outside the lock
 	held    []*heldRange // landed, not hashed yet, by offset
 	pinned  int          // ranges in held and taken with a release
-	flights map[*sumFlight]bool
+	flights map[*Flight]bool
 	moved   time.Time // when next last moved, or a range was held
 
 	broken   bool  // given up (bytes skipped, or held too long): no verdict
@@ -152,39 +158,39 @@ type heldRange struct {
 
 func (r *heldRange) end() int64 { return r.off + int64(len(r.data)) }
 
-// sumFlight is one fetch of a range of a version being checked.
-type sumFlight struct {
+// Flight is one fetch of a range of a version being checked.
+type Flight struct {
 	c        *sumCheck
 	p        *sumPass
 	off, end int64
 }
 
-func newSumChecks(log *slog.Logger, onMismatch func(name, etag string)) *sumChecks {
-	return &sumChecks{log: log, onMismatch: onMismatch, files: map[verKey]*sumCheck{},
+func NewChecks(log *slog.Logger, onMismatch func(name, etag string)) *Checks {
+	return &Checks{log: log, onMismatch: onMismatch, files: map[Version]*sumCheck{},
 		corrupt: newVersionSet(maxCorruptSum), good: newVersionSet(maxGoodSum)}
 }
 
 // versionSet is a set of versions that forgets its oldest beyond max.
 type versionSet struct {
 	max   int
-	has   map[verKey]bool
-	order []verKey // oldest first
+	has   map[Version]bool
+	order []Version // oldest first
 }
 
 func newVersionSet(max int) versionSet {
-	return versionSet{max: max, has: map[verKey]bool{}}
+	return versionSet{max: max, has: map[Version]bool{}}
 }
 
 // remove takes key out (a scan: for the rare case).
-func (v *versionSet) remove(key verKey) {
+func (v *versionSet) remove(key Version) {
 	if !v.has[key] {
 		return
 	}
 	delete(v.has, key)
-	v.order = slices.DeleteFunc(v.order, func(k verKey) bool { return k == key })
+	v.order = slices.DeleteFunc(v.order, func(k Version) bool { return k == key })
 }
 
-func (v *versionSet) add(key verKey) {
+func (v *versionSet) add(key Version) {
 	if v.has[key] {
 		return
 	}
@@ -196,7 +202,7 @@ func (v *versionSet) add(key verKey) {
 	v.order = append(v.order, key)
 }
 
-// expect says a reader reads version etag of blob name, size bytes whose
+// Expect says a reader reads version etag of blob name, size bytes whose
 // MD5 is want. It fails for a version already found not to match.
 //
 // start says the reader is at the first byte and the first block is not
@@ -204,16 +210,16 @@ func (v *versionSet) add(key verKey) {
 // by a fetch would start too late (read-ahead's fetches of later blocks
 // begin before it), and one whose first bytes come from a cache would
 // only hold blocks until the timer.
-func (s *sumChecks) expect(name, etag string, size int64, want contentSum, start bool) error {
-	if s == nil || !want.known() || size == 0 {
+func (s *Checks) Expect(name, etag string, size int64, want Sum, start bool) error {
+	if s == nil || !want.Known() || size == 0 {
 		return nil
 	}
-	key := verKey{name, etag}
+	key := Version{name, etag}
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.corrupt.has[key] {
-		return errContentMismatch
+		return ErrMismatch
 	}
 	if c := s.files[key]; c != nil {
 		c.used = now
@@ -248,27 +254,27 @@ func (c *sumCheck) startPass() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.pass == nil || c.pass.over() {
-		c.pass = &sumPass{h: newPassHash(), flights: map[*sumFlight]bool{}}
+		c.pass = &sumPass{h: newPassHash(), flights: map[*Flight]bool{}}
 	}
 }
 
-// trusted tells whether the kernel may read a version without blobfs
+// Trusted tells whether the kernel may read a version without blobfs
 // seeing the bytes (FUSE passthrough from the disk cache): it was read
 // whole and matched its Content-MD5 want, and no read since found it not
 // to, or it has none, or checks are off. Reads blobfs serves are checked
 // as they go; passthrough reads never reach it, so they get only versions
 // checked before.
-func (s *sumChecks) trusted(name, etag string, want contentSum) bool {
-	if s == nil || !want.known() {
+func (s *Checks) Trusted(name, etag string, want Sum) bool {
+	if s == nil || !want.Known() {
 		return true
 	}
-	key := verKey{name, etag}
+	key := Version{name, etag}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.good.has[key] && !s.corrupt.has[key]
 }
 
-func (s *sumChecks) markGood(key verKey) {
+func (s *Checks) markGood(key Version) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.good.add(key)
@@ -277,23 +283,23 @@ func (s *sumChecks) markGood(key verKey) {
 // corrupt tells whether a version was found not to match: a read that
 // got its bytes from a fetch whose verdict went to another reader fails
 // too.
-func (s *sumChecks) isCorrupt(name, etag string) bool {
+func (s *Checks) IsCorrupt(name, etag string) bool {
 	if s == nil {
 		return false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.corrupt.has[verKey{name, etag}]
+	return s.corrupt.has[Version{name, etag}]
 }
 
-// begin registers a fetch of [off, off+n) of a version; the fetch must end
+// Begin registers a fetch of [off, off+n) of a version; the fetch must end
 // it (sumFlight.end), whatever happens. nil: the range is not checked.
-func (s *sumChecks) begin(name, etag string, off, n int64) *sumFlight {
+func (s *Checks) Begin(name, etag string, off, n int64) *Flight {
 	if s == nil {
 		return nil
 	}
 	s.mu.Lock()
-	c := s.files[verKey{name, etag}]
+	c := s.files[Version{name, etag}]
 	s.mu.Unlock()
 	if c == nil {
 		return nil
@@ -309,32 +315,32 @@ func (s *sumChecks) begin(name, etag string, off, n int64) *sumFlight {
 		// them waits for the verdict as the last one does.)
 		return nil
 	}
-	f := &sumFlight{c: c, p: p, off: off, end: off + n}
+	f := &Flight{c: c, p: p, off: off, end: off + n}
 	p.flights[f] = true
 	return f
 }
 
-// end hands the range's data, got by its fetch, to the pass and waits
+// End hands the range's data, got by its fetch, to the pass and waits
 // until it is hashed, while the bytes before it are coming (a fetch in
-// flight covers the prefix's end, or the hasher runs); err is the fetch's
+// flight covers the prefix's End, or the hasher runs); err is the fetch's
 // failure (the data is then not used). It returns errContentMismatch when
 // this range was the last of a version to land and the version's MD5 does
 // not match.
-func (s *sumChecks) end(f *sumFlight, data []byte, err error) error {
+func (s *Checks) End(f *Flight, data []byte, err error) error {
 	return s.finish(f, data, err, nil)
 }
 
-// endHeld is end for a block of the block cache: hold pins the block and
-// returns its release, and endHeld returns at once, the block hashed later
+// EndHeld is end for a block of the block cache: hold pins the block and
+// returns its release, and EndHeld returns at once, the block hashed later
 // (the hasher unpins it then), unless it is the last of the version to
 // land: then it waits for the verdict. hold returns nil when the cache
 // cannot spare the block: the block then waits to be hashed if the prefix
 // reaches it, and the pass is given up if not.
-func (s *sumChecks) endHeld(f *sumFlight, data []byte, err error, hold func() (release func())) error {
+func (s *Checks) EndHeld(f *Flight, data []byte, err error, hold func() (release func())) error {
 	return s.finish(f, data, err, hold)
 }
 
-func (s *sumChecks) finish(f *sumFlight, data []byte, err error, hold func() func()) error {
+func (s *Checks) finish(f *Flight, data []byte, err error, hold func() func()) error {
 	if f == nil {
 		return nil
 	}
@@ -394,15 +400,15 @@ func (s *sumChecks) finish(f *sumFlight, data []byte, err error, hold func() fun
 	if decided {
 		return verdict
 	}
-	if err == nil && s.isCorrupt(c.key.name, c.key.etag) {
-		return errContentMismatch
+	if err == nil && s.IsCorrupt(c.key.Name, c.key.ETag) {
+		return ErrMismatch
 	}
 	return nil
 }
 
 // startHasherLocked starts a hasher for pass p when the prefix reaches its
 // first held range and none runs.
-func (s *sumChecks) startHasherLocked(c *sumCheck, p *sumPass) {
+func (s *Checks) startHasherLocked(c *sumCheck, p *sumPass) {
 	if !p.running && !p.over() && len(p.held) > 0 && p.held[0].off <= p.next {
 		p.running = true
 		go s.hashHeld(c, p)
@@ -414,7 +420,7 @@ func (s *sumChecks) startHasherLocked(c *sumCheck, p *sumPass) {
 // version land, and their blocks go to readers, while it hashes), and
 // gives the verdict when the prefix reaches the end. One runs per pass at
 // a time: the hash takes its bytes in order.
-func (s *sumChecks) hashHeld(c *sumCheck, p *sumPass) {
+func (s *Checks) hashHeld(c *sumCheck, p *sumPass) {
 	c.mu.Lock()
 	for !p.over() && len(p.held) > 0 && p.held[0].off <= p.next {
 		r := p.held[0]
@@ -454,34 +460,34 @@ func (s *sumChecks) hashHeld(c *sumCheck, p *sumPass) {
 	}
 	c.mu.Unlock()
 	s.mu.Unlock()
-	verdict := s.verdict(c.key, c.size, c.want, sum)
+	verdict := s.Verdict(c.key, c.size, c.want, sum)
 	c.mu.Lock()
 	p.decided, p.verdict = true, verdict
 	c.cond.Broadcast()
 	c.mu.Unlock()
 }
 
-// verdict counts a whole read of version key, size bytes that hashed to
+// Verdict counts a whole read of version key, size bytes that hashed to
 // got against its Content-MD5 want. A mismatch is logged, remembered (every
 // later read of the version fails) and dropped from the caches, and it
 // returns errContentMismatch.
-func (s *sumChecks) verdict(key verKey, size int64, want contentSum, got []byte) error {
-	if contentSum(got) == want {
+func (s *Checks) Verdict(key Version, size int64, want Sum, got []byte) error {
+	if Sum(got) == want {
 		s.verified.Add(1)
 		s.markGood(key)
 		return nil
 	}
 	s.markCorrupt(key)
 	if s.onMismatch != nil {
-		s.onMismatch(key.name, key.etag)
+		s.onMismatch(key.Name, key.ETag)
 	}
 	// Counted once its copies are gone, so that whoever sees the count
 	// sees them gone.
 	s.mismatches.Add(1)
 	s.log.Error("content does not match the blob's Content-MD5: reads of it fail with EIO (--verify-md5=false reads it anyway)",
-		"path", key.name, "etag", key.etag, "size", size,
+		"path", key.Name, "etag", key.ETag, "size", size,
 		"content_md5", hex.EncodeToString(want[:]), "read_md5", hex.EncodeToString(got))
-	return errContentMismatch
+	return ErrMismatch
 }
 
 // holdLocked keeps r in p's held ranges, in order of offset, and makes
@@ -559,7 +565,7 @@ func (p *sumPass) coveredLocked(off int64) bool {
 	return false
 }
 
-func (s *sumChecks) markCorrupt(key verKey) {
+func (s *Checks) markCorrupt(key Version) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.corrupt.add(key)
@@ -568,8 +574,8 @@ func (s *sumChecks) markCorrupt(key verKey) {
 	s.good.remove(key)
 }
 
-// stats returns the whole reads verified and those that did not match.
-func (s *sumChecks) stats() (verified, mismatches int64) {
+// Stats returns the whole reads verified and those that did not match.
+func (s *Checks) Stats() (verified, mismatches int64) {
 	if s == nil {
 		return 0, 0
 	}
