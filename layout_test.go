@@ -29,20 +29,22 @@ var allowedImports = map[string][]string{
 	// The keeper and its client: mounts carried across restarts of the
 	// serving process, their fds and records opaque.
 	"fusefs/handoff": nil,
+	// Block buffers, the process's memory budget, upload buffers.
+	"fusefs/memory": nil,
 	// Content-MD5 checks of whole reads.
 	"fusefs/contentsum": nil,
 	// The filesystem, its caches, uploads and the restart mechanism.
-	"fusefs": {"blobstore", "fusefs/contentsum", "fusefs/internal/md5pair"},
+	"fusefs": {"blobstore", "fusefs/contentsum", "fusefs/internal/md5pair", "fusefs/memory"},
 	// Prometheus metrics of a mounted filesystem.
 	"fusefs/fsmetrics": {"blobstore", "fusefs"},
 	// The CSI driver: it mounts through fusefs, in-process.
 	"csi": {"blobstore", "fusefs", "fusefs/fsmetrics", "fusefs/handoff"},
 	// The one binary: mount, supervisor, keeper, CSI driver, registrar.
-	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/fsmetrics", "fusefs/handoff"},
+	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/fsmetrics", "fusefs/handoff", "fusefs/memory"},
 	// Builds the driver's image without Docker.
 	"cmd/blobfs-image": nil,
 	// Throughput benchmarks and their commands.
-	"bench":                          {"blobstore", "fusefs"},
+	"bench":                          {"blobstore", "fusefs", "fusefs/memory"},
 	"bench/cmd/blobfs-bench":         {"bench"},
 	"bench/cmd/blobfs-dirbench":      {"bench", "blobstore", "fusefs"},
 	"bench/cmd/blobfs-restart-bench": {"bench"},

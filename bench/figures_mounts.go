@@ -2,7 +2,7 @@ package bench
 
 // The memory-mounts figure: many mounts in one process, as `blobfs csi`
 // serves every volume of a node, all streaming at once, under the
-// process's memory budget (fusefs.SetMemoryBudget, blobfs csi --memory-mb).
+// process's memory budget (memory.SetBudget, blobfs csi --memory-mb).
 
 import (
 	"bufio"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/memory"
 )
 
 // mountsMemoryMB is the budget of memory-mounts: blobfs csi's default.
@@ -46,7 +47,7 @@ func ServeMountsChild() (bool, error) {
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
 		return true, err
 	}
-	fusefs.SetMemoryBudget(spec.MemoryMB << 20)
+	memory.SetBudget(spec.MemoryMB << 20)
 	store, err := blobstore.NewLocal(spec.Store)
 	if err != nil {
 		return true, err

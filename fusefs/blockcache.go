@@ -13,6 +13,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/contentsum"
+	"github.com/blobfs/blobfs/fusefs/memory"
 )
 
 // blockCache holds fixed-size blocks of blob content in memory.
@@ -21,7 +22,7 @@ import (
 // serves stale bytes: its old blocks simply age out. Memory is bounded by
 // bytes: the buffers that exist never add up to more than capacity. A full
 // block's buffer (blockSize bytes, mapped outside the Go heap: see
-// blockbuf.go) is recycled through a free list; the last block of a blob
+// memory.AllocBlock) is recycled through a free list; the last block of a blob
 // gets a heap buffer of its own length, so that a cache full of small files
 // holds thousands of them, not capacity/blockSize. A fetch in flight holds
 // its buffer (a new one is allocated by the fetch, off the READ path). When
@@ -133,7 +134,7 @@ func newBlockCache(store blobstore.Store, blockSize, capacity int64, maxFetches 
 		passed:     list.New(),
 	}
 	c.cond = sync.NewCond(&c.mu)
-	registerCache(c)
+	memory.Register(c)
 	return c
 }
 
@@ -360,7 +361,7 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 	}
 	if c.blocks[key] != nil || c.closed {
 		// Started by another reader, or closed, while reserveLocked
-		// let go of mu (reclaimRead).
+		// let go of mu (memory.ReclaimRead).
 		if buf == nil {
 			c.addUsedLocked(-n)
 			c.cond.Signal()
@@ -462,13 +463,13 @@ func (c *blockCache) blockLen(idx, size int64) int64 {
 // newBuf allocates a buffer of n bytes with its pages faulted in: done
 // before the GET, that cost overlaps the store's latency instead of landing
 // on the copy at the end of the fetch, when every block of a window arrives
-// at once. Full-size buffers are mapped (blockbuf.go), others are on the
+// at once. Full-size buffers are mapped (memory.AllocBlock), others are on the
 // heap.
 func (c *blockCache) newBuf(n int64) []byte {
 	if n == c.blockSize {
-		return allocBlockBuf(n)
+		return memory.AllocBlock(n)
 	}
-	return faultedHeapBuf(n)
+	return memory.FaultedHeap(n)
 }
 
 // fetch fills b from the store. It does not depend on any one reader's
@@ -667,7 +668,7 @@ func (c *blockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
 			// taken: other mounts' least recently read blocks go.
 			reclaimed = true
 			c.mu.Unlock()
-			reclaimRead(c, n)
+			memory.ReclaimRead(c, n)
 			c.mu.Lock()
 			continue
 		}
@@ -714,7 +715,7 @@ func (c *blockCache) releaseBufLocked(buf []byte) {
 // dropBufLocked frees a buffer no block holds and no one has pinned.
 func (c *blockCache) dropBufLocked(buf []byte) {
 	c.addUsedLocked(-int64(cap(buf)))
-	freeBlockBuf(buf)
+	memory.FreeBlock(buf)
 }
 
 // close drops the read-ahead not started yet, frees every buffer not
@@ -722,7 +723,7 @@ func (c *blockCache) dropBufLocked(buf []byte) {
 // goes. A read after close still works, from a
 // buffer freed when the read is done. Call it once the mount is gone.
 func (c *blockCache) close() {
-	unregisterCache(c)
+	memory.Unregister(c)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed = true
@@ -779,4 +780,56 @@ func (c *blockCache) stats() (hits, misses uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.hits, c.misses
+}
+
+// addUsedLocked changes the bytes c's buffers take, here and in the
+// process's count.
+func (c *blockCache) addUsedLocked(delta int64) {
+	c.used += delta
+	memory.AddRead(delta)
+}
+
+// minShare is what a read cache may hold whatever the process-wide budget.
+func (c *blockCache) minShare() int64 { return 2 * c.blockSize }
+
+// budgetAllowsLocked tells whether n more bytes fit the process's budget.
+func (c *blockCache) budgetAllowsLocked(n int64) bool {
+	return memory.ReadAllows(c.used, c.minShare(), n)
+}
+
+// timedWaitLocked waits on c.cond, at most d.
+func (c *blockCache) timedWaitLocked(d time.Duration) {
+	t := time.AfterFunc(d, func() {
+		c.mu.Lock()
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	})
+	c.cond.Wait()
+	t.Stop()
+}
+
+// Reclaim gives up to n bytes of the cache's memory back to the process's
+// budget for another mount (memory.ReclaimRead): its free buffers, then
+// its least recently read blocks; never below its minShare.
+func (c *blockCache) Reclaim(n int64) (freed int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for freed < n && c.used > c.minShare() {
+		if k := len(c.free); k > 0 {
+			freed += int64(cap(c.free[k-1]))
+			c.dropBufLocked(c.free[k-1])
+			c.free = c.free[:k-1]
+			continue
+		}
+		b := c.evictLocked(c.passed)
+		if b == nil {
+			b = c.evictLocked(c.lru)
+		}
+		if b == nil {
+			break
+		}
+		freed += int64(cap(b.buf))
+		c.dropBufLocked(b.buf)
+	}
+	return freed
 }

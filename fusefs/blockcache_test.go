@@ -5,9 +5,9 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/memory"
 )
 
 // TestBlockCacheSmallBlocksByBytes: the last block of a blob takes a
@@ -77,7 +77,7 @@ func TestBlockCacheCloseUnmapsBuffers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mapped := blockBufsInUse
+	mapped := memory.BlocksInUse
 	before := mapped()
 	c := newBlockCache(mem, bs, 8*bs, 4)
 	p := make([]byte, len(data))
@@ -117,57 +117,6 @@ func TestBlockCacheCloseUnmapsBuffers(t *testing.T) {
 	}
 	if got := mapped() - before; got != 0 || c.used != 0 || len(c.blocks) != 0 {
 		t.Fatalf("after a read past close: %d buffers mapped, %d bytes used, %d blocks; want none", got, c.used, len(c.blocks))
-	}
-}
-
-// blockBufsInUse counts the mapped block buffers not waiting in the pool.
-func blockBufsInUse() int {
-	mappedBufs.Lock()
-	n := len(mappedBufs.bases)
-	mappedBufs.Unlock()
-	bufPool.Lock()
-	defer bufPool.Unlock()
-	for _, l := range bufPool.bySize {
-		n -= len(l)
-	}
-	return n
-}
-
-// TestBlockBufPool: a freed buffer is handed out again instead of fresh
-// memory, and unmapped once it has been idle for bufPoolIdle.
-func TestBlockBufPool(t *testing.T) {
-	const n = 3 << 20 // a size no other test uses
-	a := allocBlockBuf(n)
-	b := allocBlockBuf(n)
-	a[0], b[0] = 1, 2
-	freeBlockBuf(a)
-	freeBlockBuf(b)
-	c := allocBlockBuf(n)
-	if bufBase(c) != bufBase(b) {
-		t.Fatal("alloc after free mapped fresh memory instead of the last buffer freed")
-	}
-	freeBlockBuf(c)
-	pooled := func() int {
-		bufPool.Lock()
-		defer bufPool.Unlock()
-		return len(bufPool.bySize[n])
-	}
-	if pooled() != 2 {
-		t.Fatalf("%d buffers of %d bytes pooled, want 2", pooled(), n)
-	}
-	trimBufPool(time.Now().Add(bufPoolIdle / 2))
-	if pooled() != 2 {
-		t.Fatal("trim unmapped buffers idle for less than bufPoolIdle")
-	}
-	trimBufPool(time.Now().Add(bufPoolIdle))
-	if pooled() != 0 {
-		t.Fatalf("%d buffers still pooled after bufPoolIdle", pooled())
-	}
-	mappedBufs.Lock()
-	_, stillMapped := mappedBufs.bases[bufBase(a)]
-	mappedBufs.Unlock()
-	if stillMapped {
-		t.Fatal("trimmed buffer still recorded as mapped")
 	}
 }
 

@@ -29,7 +29,7 @@ var errNoStream = errors.New("no usable block stream")
 // still in flight, then commits the list.
 //
 // Bounds: FS.uploadSlots (shared by all files) and the process's memory
-// budget (membudget.go) cap the blocks in flight, and so the block buffers
+// budget (fusefs/memory) cap the blocks in flight, and so the block buffers
 // in use; a writer that finds no slot free waits
 // for an upload to finish: backpressure instead of unbounded memory. Slots
 // are held only by uploads, which end on their own, so the wait cannot
@@ -312,7 +312,7 @@ func (st *blockStream) stageBlocks(ctx context.Context, spill io.ReaderAt, size 
 		if err := st.failure(ctx); err != nil {
 			return err // stop handing out blocks of a failed commit
 		}
-		buf, ok, err := st.fs.takeUploadBuf(ctx, bs, wait)
+		buf, ok, err := st.fs.uploads.Take(ctx, bs, wait)
 		if err != nil {
 			return err
 		}
@@ -329,7 +329,7 @@ func (st *blockStream) stageBlocks(ctx context.Context, spill io.ReaderAt, size 
 		go func() {
 			staged := st.stage(ctx, id, spill, buf[:bs], off)
 			st.fs.uploading.Add(-bs)
-			st.fs.giveUploadBuf(buf)
+			st.fs.uploads.Give(buf)
 			st.wg.Done()
 			if f, ok := spill.(*os.File); ok && staged && !st.keepPages {
 				// After Done: the commit need not wait for the disk.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/contentsum"
+	"github.com/blobfs/blobfs/fusefs/memory"
 )
 
 // FS is the blobfs filesystem: a fuse.RawFileSystem over one container.
@@ -55,11 +56,10 @@ type FS struct {
 	// large read-only files may be opened with FOPEN_DIRECT_IO (set by
 	// the Session, see directRead).
 	directIOMmap atomic.Bool
-	// uploadSlots bounds the blocks being uploaded, over all files
-	// (takeUploadBuf); uploadSems records what each lent buffer holds of
-	// the process's budget (membudget.go).
-	uploadSlots chan struct{}
-	uploadSems  sync.Map
+	// uploads lends the buffers of blocks being uploaded, over all files,
+	// at most 2 × UploadConcurrency at once and within the process's
+	// memory budget.
+	uploads *memory.Uploads
 	// uploading is the bytes still to upload: handed to the store and
 	// not acknowledged, or still to be sent by a commit under way (Stats).
 	uploading atomic.Int64
@@ -142,7 +142,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		spills:         newSpillPool(spillDir),
 		blocks:         newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes-chunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), opts.MaxReadAheadBlocks),
 		lists:          newListCache(opts.ListTimeout, 1_000_000, opts.WalkAhead),
-		uploadSlots:    make(chan struct{}, 2*opts.UploadConcurrency),
+		uploads:        memory.NewUploads(2*opts.UploadConcurrency, opts.UploadBlockSize),
 		writeBackSlots: make(chan struct{}, writeBackSlots),
 		ctx:            ctx,
 		cancel:         cancel,

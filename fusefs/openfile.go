@@ -780,7 +780,7 @@ func (of *openFile) upload(ctx context.Context, path string, f *os.File, size in
 			p.add(n)
 			of.fs.uploading.Add(-n)
 		},
-		Buffers: uploadBuffers{of.fs},
+		Buffers: of.fs.uploads,
 	})
 	of.fs.uploading.Add(-(size - p.done.Load()))
 	p.finish(err)

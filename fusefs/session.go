@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/blobfs/blobfs/fusefs/memory"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
@@ -593,7 +594,7 @@ var zeroCopyReplies atomic.Uint64
 const replyPayloadOffset = 16
 
 func newReplySlot(out []byte) *replySlot {
-	slot := &replySlot{key: bufBase(out[replyPayloadOffset:])}
+	slot := &replySlot{key: memory.Base(out[replyPayloadOffset:])}
 	replySlots.Store(slot.key, slot)
 	return slot
 }
@@ -612,7 +613,7 @@ func replySlotAt(p []byte) *replySlot {
 	if len(p) == 0 {
 		return nil
 	}
-	v, ok := replySlots.Load(bufBase(p))
+	v, ok := replySlots.Load(memory.Base(p))
 	if !ok {
 		return nil
 	}

@@ -405,7 +405,7 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) (orphanOutcome, er
 			BlockSize:   fs.opts.UploadBlockSize,
 			Concurrency: fs.opts.UploadConcurrency,
 			PutOptions:  opts,
-			Buffers:     uploadBuffers{fs},
+			Buffers:     fs.uploads,
 		})
 	}
 	_, err = up()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/blobfs/blobfs/csi"
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/memory"
 )
 
 // csiFlags are the flags of `blobfs csi`; keep the table in
@@ -79,7 +80,7 @@ func runCSI(f csiFlags) error {
 	if f.memoryMB != 0 && (f.memoryMB < 64 || f.memoryMB > 1<<30) {
 		return usageError{fmt.Errorf("--memory-mb %d: must be 0 (no bound) or between 64 and 1073741824 (MiB)", f.memoryMB)}
 	}
-	fusefs.SetMemoryBudget(f.memoryMB << 20)
+	memory.SetBudget(f.memoryMB << 20)
 	if f.cfg.HealthInterval == 0 {
 		f.cfg.HealthInterval = -1 // the flag's 0 disables; Config's 0 means default
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/memory"
 )
 
 // The read caches of many mounts stay within the process's budget (plus
@@ -23,11 +24,11 @@ func TestMemoryBudgetSharedByCaches(t *testing.T) {
 	for i := range caches {
 		putBlob(t, mem, fmt.Sprintf("b%02d", i), pattern(blobSize, byte(i)), nil)
 	}
-	base, _, _ := MemoryUse() // caches of other tests, never closed
-	const budget = 32 * bs    // three quarters for reads: 24 blocks
-	SetMemoryBudget(budget + base*4/3)
-	defer SetMemoryBudget(0)
-	_, limit, _ := MemoryUse()
+	base, _, _ := memory.Use() // caches of other tests, never closed
+	const budget = 32 * bs     // three quarters for reads: 24 blocks
+	memory.SetBudget(budget + base*4/3)
+	defer memory.SetBudget(0)
+	_, limit, _ := memory.Use()
 
 	cs := make([]*blockCache, caches)
 	for i := range cs {
@@ -46,7 +47,7 @@ func TestMemoryBudgetSharedByCaches(t *testing.T) {
 				return
 			default:
 			}
-			used, _, _ := MemoryUse()
+			used, _, _ := memory.Use()
 			if used > peak.Load() {
 				peak.Store(used)
 			}
@@ -114,7 +115,7 @@ func TestMemoryBudgetSharedByCaches(t *testing.T) {
 	if a.usage() >= held && b.usage() <= 2*bs {
 		t.Errorf("cache a kept %d bytes and b got %d: nothing was reclaimed", a.usage(), b.usage())
 	}
-	if used, _, _ := MemoryUse(); used > limit+2*2*bs {
+	if used, _, _ := memory.Use(); used > limit+2*2*bs {
 		t.Errorf("%d bytes of read buffers, limit %d", used, limit)
 	}
 }
@@ -128,28 +129,28 @@ func TestMemoryBudgetUploads(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fsys.Close()
-	SetMemoryBudget(8 << 20) // a quarter for uploads: two 1 MiB blocks
-	defer SetMemoryBudget(0)
+	memory.SetBudget(8 << 20) // a quarter for uploads: two 1 MiB blocks
+	defer memory.SetBudget(0)
 	ctx := context.Background()
-	b1, ok1, _ := fsys.takeUploadBuf(ctx, 1<<20, false)
-	b2, ok2, _ := fsys.takeUploadBuf(ctx, 1<<20, false)
-	_, ok3, _ := fsys.takeUploadBuf(ctx, 1<<20, false)
+	b1, ok1, _ := fsys.uploads.Take(ctx, 1<<20, false)
+	b2, ok2, _ := fsys.uploads.Take(ctx, 1<<20, false)
+	_, ok3, _ := fsys.uploads.Take(ctx, 1<<20, false)
 	if !ok1 || !ok2 || ok3 {
 		t.Fatalf("took %v %v %v; want two buffers of 1 MiB from a 2 MiB upload budget, then none", ok1, ok2, ok3)
 	}
 	got := make(chan bool)
 	go func() {
-		b, ok, _ := fsys.takeUploadBuf(ctx, 1<<20, true)
+		b, ok, _ := fsys.uploads.Take(ctx, 1<<20, true)
 		if ok {
-			fsys.giveUploadBuf(b)
+			fsys.uploads.Give(b)
 		}
 		got <- ok
 	}()
-	fsys.giveUploadBuf(b1)
+	fsys.uploads.Give(b1)
 	if !<-got {
 		t.Error("a waiting writer did not get the buffer given back")
 	}
-	fsys.giveUploadBuf(b2)
+	fsys.uploads.Give(b2)
 	// A whole-file upload through the budget lands intact.
 	data := pattern(5<<20+3, 4)
 	mnt, _ := mountStore(t, mem, Options{UploadBlockSize: 1 << 20})

@@ -1,4 +1,4 @@
-package fusefs
+package memory
 
 import (
 	"sync"
@@ -56,10 +56,10 @@ var mappedBufs struct {
 	bases map[uintptr]struct{}
 }
 
-// allocBlockBuf returns n bytes whose pages are already faulted in, mapped
+// AllocBlock returns n bytes whose pages are already faulted in, mapped
 // outside the Go heap when possible; they are not zeroed when they come
-// from the pool. Free them with freeBlockBuf.
-func allocBlockBuf(n int64) []byte {
+// from the pool. Free them with FreeBlock.
+func AllocBlock(n int64) []byte {
 	bufPool.Lock()
 	if l := bufPool.bySize[n]; len(l) > 0 {
 		// The most recently freed: the likeliest to be in CPU caches.
@@ -72,7 +72,7 @@ func allocBlockBuf(n int64) []byte {
 	bufPool.Unlock()
 	buf, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return faultedHeapBuf(n)
+		return FaultedHeap(n)
 	}
 	// Advice only: where transparent huge pages are off, the buffer
 	// gets small pages.
@@ -89,20 +89,20 @@ func allocBlockBuf(n int64) []byte {
 	if mappedBufs.bases == nil {
 		mappedBufs.bases = map[uintptr]struct{}{}
 	}
-	mappedBufs.bases[bufBase(buf)] = struct{}{}
+	mappedBufs.bases[Base(buf)] = struct{}{}
 	mappedBufs.Unlock()
 	return buf
 }
 
-// freeBlockBuf releases a buffer from allocBlockBuf into the pool; a heap
+// FreeBlock releases a buffer from AllocBlock into the pool; a heap
 // fallback is left to the garbage collector.
-func freeBlockBuf(buf []byte) {
+func FreeBlock(buf []byte) {
 	if cap(buf) == 0 {
 		return
 	}
 	buf = buf[:cap(buf)]
 	mappedBufs.Lock()
-	_, mapped := mappedBufs.bases[bufBase(buf)]
+	_, mapped := mappedBufs.bases[Base(buf)]
 	mappedBufs.Unlock()
 	if !mapped {
 		return
@@ -158,16 +158,16 @@ func trimBufPool(now time.Time) {
 // unmapBlockBuf returns a mapped buffer's memory to the system.
 func unmapBlockBuf(buf []byte) {
 	mappedBufs.Lock()
-	delete(mappedBufs.bases, bufBase(buf))
+	delete(mappedBufs.bases, Base(buf))
 	mappedBufs.Unlock()
 	if err := unix.Munmap(buf); err != nil {
 		panic("blobfs: unmapping a block buffer: " + err.Error())
 	}
 }
 
-// faultedHeapBuf allocates a buffer on the Go heap and faults its pages
+// FaultedHeap allocates a buffer on the Go heap and faults its pages
 // in, so that the cost lands where the caller chose (off the READ path).
-func faultedHeapBuf(n int64) []byte {
+func FaultedHeap(n int64) []byte {
 	buf := make([]byte, n)
 	touchPages(buf)
 	return buf
@@ -179,6 +179,21 @@ func touchPages(buf []byte) {
 	}
 }
 
-func bufBase(buf []byte) uintptr {
+// Base is the address of buf's first byte: a buffer's identity.
+func Base(buf []byte) uintptr {
 	return uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+}
+
+// BlocksInUse counts the mapped block buffers handed out and not yet freed
+// (those waiting in the pool are not counted): a leak shows here.
+func BlocksInUse() int {
+	mappedBufs.Lock()
+	n := len(mappedBufs.bases)
+	mappedBufs.Unlock()
+	bufPool.Lock()
+	defer bufPool.Unlock()
+	for _, l := range bufPool.bySize {
+		n -= len(l)
+	}
+	return n
 }
