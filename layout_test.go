@@ -33,14 +33,16 @@ var allowedImports = map[string][]string{
 	"fusefs/memory": nil,
 	// Content-MD5 checks of whole reads.
 	"fusefs/contentsum": nil,
+	// The read side: block, chunk and disk caches over the store.
+	"fusefs/cache": {"blobstore", "fusefs/contentsum", "fusefs/memory"},
 	// The filesystem, its caches, uploads and the restart mechanism.
-	"fusefs": {"blobstore", "fusefs/contentsum", "fusefs/internal/md5pair", "fusefs/memory"},
+	"fusefs": {"blobstore", "fusefs/cache", "fusefs/contentsum", "fusefs/internal/md5pair", "fusefs/memory"},
 	// Prometheus metrics of a mounted filesystem.
 	"fusefs/fsmetrics": {"blobstore", "fusefs"},
 	// The CSI driver: it mounts through fusefs, in-process.
-	"csi": {"blobstore", "fusefs", "fusefs/fsmetrics", "fusefs/handoff"},
+	"csi": {"blobstore", "fusefs", "fusefs/cache", "fusefs/fsmetrics", "fusefs/handoff"},
 	// The one binary: mount, supervisor, keeper, CSI driver, registrar.
-	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/fsmetrics", "fusefs/handoff", "fusefs/memory"},
+	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/cache", "fusefs/fsmetrics", "fusefs/handoff", "fusefs/memory"},
 	// Builds the driver's image without Docker.
 	"cmd/blobfs-image": nil,
 	// Throughput benchmarks and their commands.

@@ -25,7 +25,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/blobfs/blobfs/blobstore"
-	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/cache"
 )
 
 // Defaults of Config.
@@ -67,10 +67,10 @@ type Config struct {
 	// volume. Default /var/lib/blobfs/csi-cache.
 	CacheDir string
 	// DiskCache, when set, is the disk cache of every volume of the node
-	// (fusefs.DiskCache): reads are kept on the node's disk, and files held
+	// (cache.DiskCache): reads are kept on the node's disk, and files held
 	// whole are opened with FUSE passthrough on read-only volumes. Only
 	// with the default (in-process) Mounter.
-	DiskCache *fusefs.DiskCache
+	DiskCache *cache.DiskCache
 	// MetricsAddress, when set, serves Prometheus metrics at
 	// http://ADDRESS/metrics.
 	MetricsAddress string

@@ -15,6 +15,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/fsmetrics"
 	"github.com/blobfs/blobfs/fusefs/handoff"
 )
@@ -96,7 +97,7 @@ type BlobfsMounter struct {
 	// mounts outlive this process; see keeper.go.
 	keeper *handoff.Client
 	// diskCache, if set, is shared by every volume (Config.DiskCache).
-	diskCache *fusefs.DiskCache
+	diskCache *cache.DiskCache
 
 	mu     sync.Mutex
 	mounts map[string]*liveMount

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/cache"
 )
 
 // The test binary doubles as a serving process for the restart tests: with
@@ -87,7 +88,7 @@ func serveChild() error {
 		opts.PrefetchFiles = -1
 	}
 	if dir := os.Getenv("BLOBFS_TEST_DISK_CACHE"); dir != "" {
-		if opts.DiskCache, err = OpenDiskCache(dir, 1<<30); err != nil {
+		if opts.DiskCache, err = cache.OpenDiskCache(dir, 1<<30); err != nil {
 			return err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/cache"
 )
 
 // TestRandomReadsFetchChunks: a handle that seeks before every read is
@@ -51,7 +52,7 @@ func TestRandomReadsFetchChunks(t *testing.T) {
 	}
 	// Each read costs one or two 64 KiB chunks; a block each would be
 	// 8 MiB.
-	if max := int64(reads) * 2 * randomChunk; fetched > max {
+	if max := int64(reads) * 2 * cache.RandomChunk; fetched > max {
 		t.Errorf("%d random reads of 4 KiB fetched %d bytes (amplification %.0f); want at most %d (chunks, not blocks)",
 			reads, fetched, float64(fetched)/float64(got), max)
 	}

@@ -6,162 +6,13 @@ import (
 	"errors"
 	"io"
 	"os"
-	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/cache"
 )
-
-func openDiskCache(t *testing.T, capacity int64) *DiskCache {
-	t.Helper()
-	c, err := OpenDiskCache(t.TempDir(), capacity)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-func cacheFiles(t *testing.T, c *DiskCache) []string {
-	t.Helper()
-	names, err := filepath.Glob(filepath.Join(c.Dir(), "*"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return names
-}
-
-// What a cache file holds is known by units; a range is served only when
-// every unit under it was written, the last unit of a blob being short.
-func TestDiskCacheUnits(t *testing.T) {
-	c := openDiskCache(t, 1<<30)
-	size := int64(3*diskUnit + 100)
-	data := pattern(int(size), 3)
-	buf := make([]byte, 2*diskUnit)
-
-	// Half a unit covers none: nothing kept, nothing served.
-	c.store("ns", "a", `"1"`, size, data[:diskUnit/2], 0)
-	if _, ok := c.read("ns", "a", `"1"`, size, buf[:10], 0); ok {
-		t.Fatal("a range never wholly written was served")
-	}
-	// Units 1 and 2, written by a range that starts mid-unit 0.
-	c.store("ns", "a", `"1"`, size, data[diskUnit/2:3*diskUnit], diskUnit/2)
-	if n, ok := c.read("ns", "a", `"1"`, size, buf, diskUnit); !ok || !bytes.Equal(buf[:n], data[diskUnit:3*diskUnit]) {
-		t.Fatalf("units 1-2: %d, %v", n, ok)
-	}
-	if _, ok := c.read("ns", "a", `"1"`, size, buf[:10], diskUnit-5); ok {
-		t.Fatal("a range reaching into unit 0, never wholly written, was served")
-	}
-	if c.complete("ns", "a", `"1"`, size) != nil {
-		t.Fatal("complete with units 0 and 3 missing")
-	}
-	// The short last unit, then unit 0: the blob is whole.
-	c.store("ns", "a", `"1"`, size, data[3*diskUnit:], 3*diskUnit)
-	c.store("ns", "a", `"1"`, size, data[:diskUnit], 0)
-	e := c.complete("ns", "a", `"1"`, size)
-	if e == nil {
-		t.Fatal("not complete with every unit written")
-	}
-	whole, err := os.ReadFile(e.path)
-	c.unpin(e)
-	if err != nil || !bytes.Equal(whole, data) {
-		t.Fatalf("the cache file is not the blob: %d bytes, %v", len(whole), err)
-	}
-	// Reads past the end are clamped to it.
-	if n, ok := c.read("ns", "a", `"1"`, size, buf, 3*diskUnit); !ok || n != 100 || !bytes.Equal(buf[:n], data[3*diskUnit:]) {
-		t.Fatalf("tail: %d, %v", n, ok)
-	}
-	if used, _ := c.Usage(); used != size {
-		t.Errorf("usage %d, want the blob's size %d", used, size)
-	}
-	// Another version, another namespace, another size: misses.
-	for _, k := range [][3]string{{"ns", "a", `"2"`}, {"other", "a", `"1"`}, {"ns", "b", `"1"`}} {
-		if _, ok := c.read(k[0], k[1], k[2], size, buf[:10], 0); ok {
-			t.Errorf("%v served from the cache of ns/a/\"1\"", k)
-		}
-	}
-	if _, ok := c.read("ns", "a", `"1"`, size+1, buf[:10], 0); ok {
-		t.Error("served for another size")
-	}
-	// No ETag, no caching.
-	c.store("ns", "c", "", 10, data[:10], 0)
-	if _, ok := c.read("ns", "c", "", 10, buf[:10], 0); ok {
-		t.Error("a blob without ETag was cached")
-	}
-}
-
-// Files are evicted least recently used first, never while pinned, and the
-// capacity holds.
-func TestDiskCacheEviction(t *testing.T) {
-	const blob = 4 * diskUnit
-	c := openDiskCache(t, 3*blob)
-	data := pattern(blob, 5)
-	put := func(name string) { c.store("ns", name, `"e"`, blob, data, 0) }
-	has := func(name string) bool {
-		_, ok := c.read("ns", name, `"e"`, blob, make([]byte, 1), 0)
-		return ok
-	}
-	put("a")
-	put("b")
-	put("c")
-	pinned := c.complete("ns", "a", `"e"`, blob) // a pinned, as by a passthrough handle
-	if pinned == nil {
-		t.Fatal("a not complete")
-	}
-	has("b") // b used: c is now the least recent unpinned
-	put("d")
-	if !has("a") || !has("b") || has("c") || !has("d") {
-		t.Fatalf("after d: a %v b %v c %v d %v; want c evicted (a pinned, b used)", has("a"), has("b"), has("c"), has("d"))
-	}
-	if n := len(cacheFiles(t, c)); n != 3 {
-		t.Errorf("%d cache files, want 3", n)
-	}
-	c.unpin(pinned)
-	put("e")
-	put("f")
-	put("g")
-	if has("a") {
-		t.Error("a, unpinned, survived three puts into a cache of three")
-	}
-	if used, capacity := c.Usage(); used > capacity {
-		t.Errorf("used %d over capacity %d", used, capacity)
-	}
-	// A blob larger than the whole cache is not kept.
-	big := pattern(4*blob, 1)
-	c.store("ns", "big", `"e"`, int64(len(big)), big, 0)
-	if _, ok := c.read("ns", "big", `"e"`, int64(len(big)), make([]byte, 1), 0); ok {
-		t.Error("a blob larger than the cache was kept")
-	}
-}
-
-// One process per directory; a new process starts from an empty one.
-func TestDiskCacheDirectory(t *testing.T) {
-	dir := t.TempDir()
-	c, err := OpenDiskCache(dir, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.store("ns", "a", `"1"`, 10, []byte("0123456789"), 0)
-	if _, err := OpenDiskCache(dir, 1<<20); err == nil || !strings.Contains(err.Error(), "in use by another blobfs process") {
-		t.Fatalf("second open of a directory in use: %v", err)
-	}
-	// Left behind as by a crash: the lock goes with the process.
-	c.lock.Close()
-	c2, err := OpenDiskCache(dir, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	if names := cacheFiles(t, c2); len(names) != 0 {
-		t.Fatalf("files of the previous process kept: %v", names)
-	}
-	if _, err := OpenDiskCache(t.TempDir(), 0); err == nil {
-		t.Error("a capacity of 0 was accepted")
-	}
-}
 
 // Through a read-write mount: a file read once is read again from the disk
 // cache, through blobfs, never from the store; writes work as without it.
@@ -390,14 +241,15 @@ func TestRandomReadsFillDiskCache(t *testing.T) {
 	}
 	pread(size / 2) // the first read not at 0: random
 	waitFor(t, "the file whole in the disk cache", func() bool {
-		if e := dc.complete("mem", "r", fsys.nodeETag(t, "r"), size); e != nil {
-			dc.unpin(e)
+		tier := cache.NewDiskTier(dc, "mem")
+		if e := tier.Complete("r", fsys.nodeETag(t, "r"), size); e != nil {
+			tier.Unpin(e)
 			return true
 		}
 		return false
 	})
 	before := fsys.Stats()
-	if before.FetchedBytes > size+2*randomChunk {
+	if before.FetchedBytes > size+2*cache.RandomChunk {
 		t.Errorf("fetched %d bytes for a file of %d", before.FetchedBytes, size)
 	}
 	for off := int64(12345); off < size-4096; off += 3 << 20 {
@@ -457,8 +309,9 @@ func TestPassthroughOnlyChecked(t *testing.T) {
 
 	fillByRandomRead("bad", bad)
 	waitFor(t, "bad found not to match after its fill", func() bool { return fsys.Stats().ContentMismatches == 1 })
-	if e := dc.complete("mem", "bad", fsys.nodeETag(t, "bad"), size); e != nil {
-		dc.unpin(e)
+	tier := cache.NewDiskTier(dc, "mem")
+	if e := tier.Complete("bad", fsys.nodeETag(t, "bad"), size); e != nil {
+		tier.Unpin(e)
 		t.Error("bad: still whole in the disk cache after the mismatch")
 	}
 	if got, err := os.ReadFile(join(mnt, "bad")); !errors.Is(err, syscall.EIO) {
@@ -611,4 +464,14 @@ func TestResentOpenGetsItsHandle(t *testing.T) {
 			t.Fatal("opens still read the old content: a handle of the dead server was left open on its backing file")
 		}
 	}
+}
+
+func openDiskCache(t *testing.T, capacity int64) *cache.DiskCache {
+	t.Helper()
+	c, err := cache.OpenDiskCache(t.TempDir(), capacity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }

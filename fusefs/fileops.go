@@ -10,6 +10,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/contentsum"
 )
 
@@ -561,7 +562,7 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 	if !inStore || off >= size {
 		return fuse.ReadResultData(nil), fuse.OK
 	}
-	start := off == 0 && !fs.blocks.has(blockKey{path, etag, 0})
+	start := off == 0 && !fs.blocks.Has(cache.BlockKey{Name: path, ETag: etag, Idx: 0})
 	if err := fs.sums.Expect(path, etag, size, fs.storedSum(h.n, etag), start); err != nil {
 		return nil, toStatus(err)
 	}
@@ -600,8 +601,8 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 // the chunk cache, unless its block is in the block cache already (whole,
 // or being fetched); otherwise from the block cache.
 func (fs *FS) readStored(ctx context.Context, random bool, path, etag string, size int64, buf []byte, off int64) (fuse.ReadResult, error) {
-	if random && !fs.blocks.has(blockKey{path, etag, off / fs.opts.ReadBlockSize}) {
-		n, err := fs.chunks.read(ctx, path, etag, size, buf, off)
+	if random && !fs.blocks.Has(cache.BlockKey{Name: path, ETag: etag, Idx: off / fs.opts.ReadBlockSize}) {
+		n, err := fs.chunks.Read(ctx, path, etag, size, buf, off)
 		return fuse.ReadResultData(buf[:n]), err
 	}
 	return fs.readCached(ctx, path, etag, size, buf, off)
@@ -609,16 +610,16 @@ func (fs *FS) readStored(ctx context.Context, random bool, path, etag string, si
 
 // readCached answers a READ from the block cache. Within one block, the
 // answer is the block itself, pinned until the reply is written
-// (pinnedRange): no copy into buf. Across two, the bytes are copied.
+// (cachedRead): no copy into buf. Across two, the bytes are copied.
 func (fs *FS) readCached(ctx context.Context, path, etag string, size int64, buf []byte, off int64) (fuse.ReadResult, error) {
-	r, ok, err := fs.blocks.pin(ctx, path, etag, size, off, len(buf))
+	r, ok, err := fs.blocks.Pin(ctx, path, etag, size, off, len(buf))
 	if err != nil {
 		return nil, err
 	}
 	if ok {
-		return r, nil
+		return &cachedRead{r: r}, nil
 	}
-	n, err := fs.blocks.read(ctx, path, etag, size, buf, off)
+	n, err := fs.blocks.Read(ctx, path, etag, size, buf, off)
 	return fuse.ReadResultData(buf[:n]), err
 }
 
@@ -688,25 +689,25 @@ func (fs *FS) readAhead(h *handle, path, etag string, size, off int64, n int) (r
 	if window > 0 && h.raSeq == int64(n) { // the stream's first READ
 		h.raPassed = last - 2
 	}
-	if window > 0 && size > fs.blocks.capacity {
+	if window > 0 && size > fs.blocks.Capacity() {
 		passFrom, passTo = max(h.raPassed+1, 0), last-2
 		h.raPassed = max(h.raPassed, passTo)
 	}
 	h.raMu.Unlock()
 	if fill {
-		fs.fillDisk(path, etag, size, fs.storedSum(h.n, etag))
+		fs.src.FillDisk(fs.ctx, &fs.bg, path, etag, size, fs.storedSum(h.n, etag))
 	}
 	if seek {
-		fs.blocks.demote(h.id)
+		fs.blocks.Demote(h.id)
 	}
 	if window == 0 {
 		return random
 	}
 	for i := passFrom; i <= passTo; i++ {
-		fs.blocks.pass(blockKey{path, etag, i}, h.id)
+		fs.blocks.Pass(cache.BlockKey{Name: path, ETag: etag, Idx: i}, h.id)
 	}
 	for i := int64(1); i <= int64(window); i++ {
-		fs.blocks.prefetch(blockKey{path, etag, last + i}, size, h.id)
+		fs.blocks.Prefetch(cache.BlockKey{Name: path, ETag: etag, Idx: last + i}, size, h.id)
 	}
 	return random
 }
@@ -821,7 +822,7 @@ func (fs *FS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
 		}
 	}
 	if h != nil && h.of != nil {
-		fs.blocks.demote(h.id)
+		fs.blocks.Demote(h.id)
 		fs.releaseFile(h.of)
 	}
 }

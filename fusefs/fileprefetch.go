@@ -1,6 +1,10 @@
 package fusefs
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/blobfs/blobfs/fusefs/cache"
+)
 
 // Whole-file prefetch for directories read file by file.
 //
@@ -78,10 +82,10 @@ func (fs *FS) prefetchAfterOpen(path string) {
 			continue // handed out already
 		}
 		path := joinPath(dir, it.name)
-		if fs.sums.Expect(path, e.etag, e.size, e.sum, !fs.blocks.has(blockKey{path, e.etag, 0})) != nil {
+		if fs.sums.Expect(path, e.etag, e.size, e.sum, !fs.blocks.Has(cache.BlockKey{Name: path, ETag: e.etag, Idx: 0})) != nil {
 			continue // known not to match its Content-MD5
 		}
-		if !fs.blocks.prefetch(blockKey{path, e.etag, 0}, e.size, 0) {
+		if !fs.blocks.Prefetch(cache.BlockKey{Name: path, ETag: e.etag, Idx: 0}, e.size, 0) {
 			break // no fetch slot or no room: try again at the next open
 		}
 		handed = it.name

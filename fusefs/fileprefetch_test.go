@@ -41,7 +41,7 @@ func TestPrefetchFilesInNameOrder(t *testing.T) {
 					t.Fatalf("f%03d: wrong content", i)
 				}
 			}
-			hits, _ := fsys.blocks.stats()
+			hits, _ := fsys.blocks.Stats()
 			if hits < tc.minHits || hits > tc.maxHits {
 				t.Errorf("%d cache hits, want %d..%d", hits, tc.minHits, tc.maxHits)
 			}

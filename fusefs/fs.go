@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/contentsum"
 	"github.com/blobfs/blobfs/fusefs/memory"
 )
@@ -47,7 +48,7 @@ type FS struct {
 	// noSpillRecords: the cache directory keeps no extended attributes,
 	// so spill files carry no record (spillrecover.go).
 	noSpillRecords atomic.Bool
-	blocks         *blockCache
+	blocks         *cache.BlockCache
 	lists          *listCache
 	// prefetcher fetches the next small files of a directory read file
 	// by file (fileprefetch.go).
@@ -63,15 +64,18 @@ type FS struct {
 	// uploading is the bytes still to upload: handed to the store and
 	// not acknowledged, or still to be sent by a commit under way (Stats).
 	uploading atomic.Int64
-	// chunks serves random reads (chunkcache.go). readBytes counts the
-	// bytes READs returned from the store's content, fetched the bytes
-	// downloaded for reads (blocks, read-ahead, prefetch, chunks): their
-	// ratio is the read amplification (Stats).
-	chunks *chunkCache
+	// chunks serves random reads (cache.ChunkCache). readBytes counts the
+	// bytes READs returned from the store's content, src.Fetched the bytes
+	// downloaded for reads (blocks, read-ahead, prefetch, chunks, disk
+	// fills): their ratio is the read amplification (Stats).
+	chunks *cache.ChunkCache
+	// src is where the block and chunk caches read: the disk cache, then
+	// the store.
+	src *cache.Sources
 	// disk is the disk cache under the block and chunk caches; nil
 	// without one. passthrough opens files it holds whole so that the
 	// kernel reads them itself (passthrough.go).
-	disk        *diskTier
+	disk        *cache.DiskTier
 	passthrough passthrough
 	// sums checks whole reads against the blobs' Content-MD5
 	// (contentsum.go); nil with Options.NoContentCheck.
@@ -86,10 +90,7 @@ type FS struct {
 	// reusedBytes counts the bytes commits named in the blob's committed
 	// block list instead of uploading them again (blockstream.go).
 	reusedBytes atomic.Int64
-	// filling: the file versions being fetched whole into the disk
-	// cache (fillDisk); guarded by mu.
-	filling            map[blockKey]bool
-	readBytes, fetched atomic.Int64
+	readBytes   atomic.Int64
 	// ctx lives as long as the filesystem; background work uses it.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -140,7 +141,6 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		log:            slog.New(newAuthWarnLimiter(opts.Logger.Handler())),
 		spillDir:       spillDir,
 		spills:         newSpillPool(spillDir),
-		blocks:         newBlockCache(store, opts.ReadBlockSize, opts.BlockCacheBytes-chunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), opts.MaxReadAheadBlocks),
 		lists:          newListCache(opts.ListTimeout, 1_000_000, opts.WalkAhead),
 		uploads:        memory.NewUploads(2*opts.UploadConcurrency, opts.UploadBlockSize),
 		writeBackSlots: make(chan struct{}, writeBackSlots),
@@ -152,24 +152,25 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		intents:        newIntentLog(),
 		orphansDone:    make(chan struct{}),
 	}
-	fs.blocks.fetched = &fs.fetched
+	fs.src = &cache.Sources{Store: store, Log: fs.log}
+	fs.blocks = cache.NewBlockCache(fs.src, opts.ReadBlockSize, opts.BlockCacheBytes-cache.ChunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), opts.MaxReadAheadBlocks)
 	fs.passthrough.devFD.Store(-1)
-	fs.chunks = newChunkCache(store, chunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), &fs.fetched)
+	fs.chunks = cache.NewChunkCache(fs.src, cache.ChunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize))
 	if opts.DiskCache != nil {
 		ns := opts.StoreID
 		if ns == "" {
 			ns = fmt.Sprintf("mount %p", fs)
 		}
-		fs.disk = &diskTier{cache: opts.DiskCache, ns: ns}
-		fs.blocks.disk, fs.chunks.disk = fs.disk, fs.disk
+		fs.disk = cache.NewDiskTier(opts.DiskCache, ns)
+		fs.src.Disk = fs.disk
 	}
 	if !opts.NoContentCheck {
 		fs.sums = contentsum.NewChecks(fs.log, func(name, etag string) {
-			fs.blocks.dropVersion(name, etag)
-			fs.chunks.dropVersion(name, etag)
-			fs.disk.forget(name, etag)
+			fs.blocks.DropVersion(name, etag)
+			fs.chunks.DropVersion(name, etag)
+			fs.disk.Forget(name, etag)
 		})
-		fs.blocks.sums, fs.chunks.sums = fs.sums, fs.sums
+		fs.src.Sums = fs.sums
 	}
 	if opts.State != nil {
 		if err := fs.attachState(opts.State); err != nil {
@@ -190,7 +191,7 @@ func (fs *FS) Options() Options { return fs.opts }
 
 // CacheStats returns the block cache's hits and misses since the mount
 // began: reads answered from memory, and reads that had to fetch.
-func (fs *FS) CacheStats() (hits, misses uint64) { return fs.blocks.stats() }
+func (fs *FS) CacheStats() (hits, misses uint64) { return fs.blocks.Stats() }
 
 // Stats is what a mount holds that the store does not have yet, and what
 // it keeps in memory and on disk: the gauges of its metrics.
@@ -255,11 +256,11 @@ func (fs *FS) Stats() Stats {
 		of.mu.Unlock()
 	}
 	s.UploadingBytes = fs.uploading.Load()
-	s.CacheBytes = fs.blocks.usage() + fs.chunks.usage()
-	s.CacheHits, s.CacheMisses = fs.blocks.stats()
-	s.ReadBytes, s.FetchedBytes = fs.readBytes.Load(), fs.fetched.Load()
+	s.CacheBytes = fs.blocks.Usage() + fs.chunks.Usage()
+	s.CacheHits, s.CacheMisses = fs.blocks.Stats()
+	s.ReadBytes, s.FetchedBytes = fs.readBytes.Load(), fs.src.Fetched.Load()
 	if fs.disk != nil {
-		s.DiskReadBytes = fs.disk.hits.Load()
+		s.DiskReadBytes = fs.disk.Hits()
 	}
 	s.PassthroughOpens = fs.passthrough.opens.Load()
 	s.WriteBackBytes, s.KeptFiles = fs.writeBackPending.Load(), fs.keptFiles.Load()
@@ -952,7 +953,7 @@ func (fs *FS) Close() {
 	fs.bgMu.Unlock()
 	fs.bg.Wait()
 	fs.lists.clear()
-	fs.blocks.close()
+	fs.blocks.Close()
 	fs.spills.close()
 	if fs.spillLock != nil {
 		fs.spillLock.Close()

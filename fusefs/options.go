@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/blobfs/blobfs/fusefs/cache"
 )
 
 // Options configure one mount. The zero value (with CacheDir set by New to a
@@ -132,7 +134,7 @@ type Options struct {
 	// the kernel offers it (passthrough.go). Keyed by StoreID, so mounts
 	// of one store share files; with no StoreID, this mount's files are
 	// its own. Nil: reads are cached in memory only.
-	DiskCache *DiskCache `json:"-"`
+	DiskCache *cache.DiskCache `json:"-"`
 
 	// State is the state region (see NewState) that lets another process
 	// adopt this mount. If it holds the state of a previous process, New

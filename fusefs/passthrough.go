@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
@@ -62,7 +63,7 @@ type ioOpens struct {
 	// known (restored from a previous process).
 	backingETag string
 	// backing is the pinned cache file (nil when restored).
-	backing *diskEntry
+	backing *cache.DiskEntry
 }
 
 // pinnedToOtherVersion tells whether the node's passthrough handles read
@@ -149,13 +150,13 @@ func (fs *FS) chooseIOLocked(n *node, path string, write bool, out *fuse.OpenOut
 		// Whatever the version: any other open would fail (EIO).
 		return fs.passthroughLocked(n, out)
 	case !write && io.cached == 0 && fs.passthroughPossible() && n.etag != "" && n.inStore && fs.sums.Trusted(path, n.etag, n.sum):
-		if e := fs.disk.cache.complete(fs.disk.ns, path, n.etag, n.size); e != nil {
-			id, err := openBacking(int(fs.passthrough.devFD.Load()), int(e.f.Fd()))
+		if e := fs.disk.Complete(path, n.etag, n.size); e != nil {
+			id, err := openBacking(int(fs.passthrough.devFD.Load()), int(e.File().Fd()))
 			if err == nil {
 				io.backingID, io.backingETag, io.backing = id, n.etag, e
 				return fs.passthroughLocked(n, out)
 			}
-			fs.disk.cache.unpin(e)
+			fs.disk.Unpin(e)
 			if errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.EINVAL) {
 				// Not root, or a kernel without it: for good.
 				fs.passthrough.on.Store(false)
@@ -199,7 +200,7 @@ func (fs *FS) releaseIOLocked(h *handle) {
 			}
 		}
 		if io.backing != nil {
-			fs.disk.cache.unpin(io.backing)
+			fs.disk.Unpin(io.backing)
 		}
 		*io = ioOpens{cached: io.cached}
 	}

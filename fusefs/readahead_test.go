@@ -4,48 +4,18 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/blobstore/storetest"
+	"github.com/blobfs/blobfs/fusefs/cache"
 )
-
-// concurrencyStore counts the ReadAt calls in flight and remembers the
-// most there ever were; each call takes at least delay, like a GET.
-type concurrencyStore struct {
-	blobstore.Store
-	delay time.Duration
-
-	mu          sync.Mutex
-	inFlight    int
-	maxInFlight int
-}
-
-func (s *concurrencyStore) ReadAt(ctx context.Context, name string, p []byte, off int64, etag string) (int, error) {
-	s.mu.Lock()
-	s.inFlight++
-	s.maxInFlight = max(s.maxInFlight, s.inFlight)
-	s.mu.Unlock()
-	time.Sleep(s.delay)
-	n, err := s.Store.ReadAt(ctx, name, p, off, etag)
-	s.mu.Lock()
-	s.inFlight--
-	s.mu.Unlock()
-	return n, err
-}
-
-func (s *concurrencyStore) maxConcurrent() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.maxInFlight
-}
 
 // A sequential reader's first 1 MiB read puts the whole read-ahead window
 // in flight at once: against a store with high latency and limited
@@ -56,7 +26,7 @@ func TestReadAheadFullWindowOnFirstRead(t *testing.T) {
 	mem := blobstore.NewMemory()
 	data := pattern(40*block, 7)
 	putBlob(t, mem, "big", data, nil)
-	store := &concurrencyStore{Store: mem, delay: 300 * time.Millisecond}
+	store := &storetest.ConcurrencyStore{Store: mem, Delay: 300 * time.Millisecond}
 	opts := Options{ReadBlockSize: block, BlockCacheBytes: 32 * block}
 	mnt, fsys := mountStore(t, store, opts)
 	window := fsys.opts.MaxReadAheadBlocks
@@ -75,7 +45,7 @@ func TestReadAheadFullWindowOnFirstRead(t *testing.T) {
 	}
 	// The demand fetch of block 0 and the window behind it started
 	// together, while the first read waited.
-	if got := store.maxConcurrent(); got < window+1 {
+	if got := store.MaxConcurrent(); got < window+1 {
 		t.Errorf("%d fetches in flight during the first read, want %d (block 0 and a window of %d)", got, window+1, window)
 	}
 	got := make([]byte, 0, len(data))
@@ -90,79 +60,6 @@ func TestReadAheadFullWindowOnFirstRead(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatalf("read back %d bytes that differ from the %d written", len(got), len(data))
 	}
-}
-
-// Read-ahead never evicts blocks fetched by read-ahead and not read yet:
-// that bandwidth would be wasted. Once their handle lets go of them
-// (seek, close), they are evictable like any other.
-func TestBlockCacheKeepsUnreadReadAhead(t *testing.T) {
-	const block = 64 << 10
-	ctx := context.Background()
-	mem, data, a := storedBlob(t, 16*block, 3)
-	c := newBlockCache(mem, block, 4*block, 4)
-	key := func(i int64) blockKey { return blockKey{"f", a.ETag, i} }
-	settle := func() { settleFetches(t, c) }
-	cached := func(i int64) bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return c.blocks[key(i)] != nil
-	}
-
-	// Handle 1 reads ahead blocks 0-1, handle 2 blocks 2-3: the cache
-	// is full of unread blocks.
-	for i := range int64(4) {
-		c.prefetch(key(i), a.Size, uint64(1+i/2))
-	}
-	settle()
-	// More read-ahead finds no buffer it may take.
-	c.prefetch(key(4), a.Size, 2)
-	settle()
-	if cached(4) {
-		t.Fatal("read-ahead of block 4 evicted an unread read-ahead block")
-	}
-	for i := range int64(4) {
-		if !cached(i) {
-			t.Fatalf("unread read-ahead block %d was evicted", i)
-		}
-	}
-	// Handle 1 closes: its blocks give way to new read-ahead.
-	c.demote(1)
-	c.prefetch(key(4), a.Size, 2)
-	settle()
-	if !cached(4) {
-		t.Fatal("read-ahead of block 4 skipped after handle 1's blocks were demoted")
-	}
-	if cached(2) != true || cached(3) != true {
-		t.Fatal("handle 2's unread blocks were evicted instead of handle 1's")
-	}
-	// A demand read may always take a buffer, and reads the right bytes.
-	p := make([]byte, 2*block)
-	if n, err := c.read(ctx, "f", a.ETag, a.Size, p, 6*block); err != nil || n != len(p) {
-		t.Fatalf("read: %d, %v", n, err)
-	}
-	if !bytes.Equal(p, data[6*block:8*block]) {
-		t.Fatal("read returned the wrong bytes")
-	}
-}
-
-// settleFetches waits until c's read-ahead fetches, which queue for a slot
-// in goroutines of their own, are done and every block is unpinned into a
-// list.
-func settleFetches(t *testing.T, c *blockCache) {
-	t.Helper()
-	for range 1000 {
-		c.mu.Lock()
-		busy := c.active > 0 || c.queue.Len() > 0
-		for _, b := range c.blocks {
-			busy = busy || b.elem == nil
-		}
-		c.mu.Unlock()
-		if !busy {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatal("read-ahead fetches did not finish")
 }
 
 // Large files opened read-only bypass the page cache (FOPEN_DIRECT_IO):
@@ -190,13 +87,13 @@ func TestDirectReadLargeFiles(t *testing.T) {
 		}
 		defer f.Close()
 		buf := make([]byte, 4096)
-		h0, m0 := fsys.blocks.stats()
+		h0, m0 := fsys.blocks.Stats()
 		for range 2 {
 			if _, err := f.ReadAt(buf, 8192); err != nil {
 				t.Fatal(err)
 			}
 		}
-		h1, m1 := fsys.blocks.stats()
+		h1, m1 := fsys.blocks.Stats()
 		return h1 + m1 - h0 - m0
 	}
 	if n := reads("big"); n != 2 {
@@ -236,116 +133,6 @@ func TestDirectReadLargeFiles(t *testing.T) {
 	}
 }
 
-// Read-ahead asked for beyond the fetch slots is queued, not dropped: the
-// slots stay full, never more than their number in flight (plus the one
-// block the reader may take over from the queue, TestReadAheadFetchesInOrder),
-// and every block asked for arrives without the reader asking again.
-func TestReadAheadQueuesBeyondFetchSlots(t *testing.T) {
-	ctx := context.Background()
-	const bs = 64 << 10
-	mem, data, a := storedBlob(t, 8*bs, 3)
-	cs := &concurrencyStore{Store: mem, delay: 20 * time.Millisecond}
-	c := newBlockCache(cs, bs, 16*bs, 2)
-	for i := range int64(8) {
-		if !c.prefetch(blockKey{"f", a.ETag, i}, a.Size, 1) {
-			t.Fatalf("block %d: prefetch refused with room in the cache", i)
-		}
-	}
-	got := make([]byte, len(data))
-	if _, err := c.read(ctx, "f", a.ETag, a.Size, got, 0); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, data) {
-		t.Fatal("content differs")
-	}
-	if m := cs.maxConcurrent(); m > 3 {
-		t.Errorf("%d fetches in flight at once, want at most the 2 slots and the reader's own", m)
-	}
-	if n := mem.Requests()[blobstore.OpReadAt]; n != 8 {
-		t.Errorf("%d reads from the store, want 8 (each block once)", n)
-	}
-}
-
-// orderStore records the block index of every ReadAt in the order they
-// start, and holds each until release is closed.
-type orderStore struct {
-	blobstore.Store
-	block   int64
-	release chan struct{}
-
-	mu      sync.Mutex
-	started []int64
-}
-
-func (s *orderStore) ReadAt(ctx context.Context, name string, p []byte, off int64, etag string) (int, error) {
-	s.mu.Lock()
-	s.started = append(s.started, off/s.block)
-	s.mu.Unlock()
-	<-s.release
-	return s.Store.ReadAt(ctx, name, p, off, etag)
-}
-
-func (s *orderStore) order() []int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]int64(nil), s.started...)
-}
-
-// Read-ahead beyond the fetch slots starts in the order it was asked for
-// (a reader needs the nearest blocks first), and a reader that needs a
-// block still queued fetches it at once instead of waiting behind the
-// others. One fetch slot: with two, the store can see two dequeued
-// fetches start in either order, and the order checked here would be
-// down to scheduling. (Before the queue, goroutines waiting on the slot
-// started in random order, one slot or many.)
-func TestReadAheadFetchesInOrder(t *testing.T) {
-	const block = 64 << 10
-	ctx := context.Background()
-	mem, data, a := storedBlob(t, 12*block, 4)
-	s := &orderStore{Store: mem, block: block, release: make(chan struct{})}
-	c := newBlockCache(s, block, 12*block, 1)
-	defer c.close()
-	for i := int64(1); i <= 8; i++ {
-		c.prefetch(blockKey{"f", a.ETag, i}, a.Size, 1)
-	}
-	waitFor := func(n int) []int64 {
-		t.Helper()
-		for range 2000 {
-			if got := s.order(); len(got) >= n {
-				return got
-			}
-			time.Sleep(time.Millisecond)
-		}
-		t.Fatalf("fetches started: %v, want %d", s.order(), n)
-		return nil
-	}
-	if got := waitFor(1); len(got) != 1 || got[0] != 1 {
-		t.Fatalf("first fetches: %v, want block 1 alone (one slot)", got)
-	}
-	// Block 7 is queued behind 2-6: a read of it starts it now.
-	readDone := make(chan error, 1)
-	go func() {
-		p := make([]byte, block)
-		_, err := c.read(ctx, "f", a.ETag, a.Size, p, 7*block)
-		if err == nil && !bytes.Equal(p, data[7*block:8*block]) {
-			err = fmt.Errorf("read of block 7 returned other bytes")
-		}
-		readDone <- err
-	}()
-	if got := waitFor(2); got[1] != 7 {
-		t.Fatalf("fetches started: %v, want block 7 second (read on demand)", got)
-	}
-	close(s.release)
-	if err := <-readDone; err != nil {
-		t.Fatal(err)
-	}
-	got := waitFor(8)
-	want := []int64{2, 3, 4, 5, 6, 8}
-	if fmt.Sprint(got[2:]) != fmt.Sprint(want) {
-		t.Fatalf("fetches started: %v, want the queue in order after the first two: %v", got, want)
-	}
-}
-
 // READs answered from the block cache are written to the kernel from the
 // cache's blocks (replySlot), whatever their offset and length, including
 // reads across two blocks and the short read at the end; every block is
@@ -378,28 +165,9 @@ func TestReadRepliesFromCacheBlocks(t *testing.T) {
 	if zeroCopyReplies.Load() == before {
 		t.Fatal("no READ was answered from the cache's blocks")
 	}
-	c := fsys.blocks
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for k, b := range c.blocks {
-		if b.pins != 0 {
-			t.Errorf("block %d still pinned %d times after the reads", k.idx, b.pins)
-		}
+	if n := fsys.blocks.PinnedBlocks(); n != 0 {
+		t.Errorf("%d blocks still pinned after the reads", n)
 	}
-}
-
-// storedBlob puts a blob "f" of size patterned bytes in a fresh in-memory
-// store and returns the store, the bytes and the blob's attributes.
-func storedBlob(t *testing.T, size int, seed byte) (*blobstore.Memory, []byte, blobstore.Attrs) {
-	t.Helper()
-	mem := blobstore.NewMemory()
-	data := pattern(size, seed)
-	putBlob(t, mem, "f", data, nil)
-	a, err := mem.Stat(context.Background(), "f")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return mem, data, a
 }
 
 // copyOutOfMapping copies a mapping of a file on a mount this process
@@ -441,7 +209,7 @@ func TestStreamThroughLargerFileKeepsItsWindow(t *testing.T) {
 	// the whole-read check, which holds each block until it is hashed
 	// (up to 3/4 of the cache when the hash falls behind the reader).
 	opts := Options{ReadBlockSize: block, BlockCacheBytes: 16 * block, MaxReadAheadBlocks: 2, NoContentCheck: true}
-	mnt, fsys := mountStore(t, &concurrencyStore{Store: mem, delay: time.Millisecond}, opts)
+	mnt, fsys := mountStore(t, &storetest.ConcurrencyStore{Store: mem, Delay: time.Millisecond}, opts)
 	if got, err := os.ReadFile(join(mnt, "hot")); err != nil || !bytes.Equal(got, hotData) {
 		t.Fatalf("read hot: %v (equal %v)", err, bytes.Equal(got, hotData))
 	}
@@ -449,7 +217,7 @@ func TestStreamThroughLargerFileKeepsItsWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !fsys.blocks.has(blockKey{"hot", hot.ETag, 0}) {
+	if !fsys.blocks.Has(cache.BlockKey{Name: "hot", ETag: hot.ETag, Idx: 0}) {
 		t.Fatal("the small file's block is not in the cache after its read")
 	}
 
@@ -459,7 +227,7 @@ func TestStreamThroughLargerFileKeepsItsWindow(t *testing.T) {
 	go func() {
 		defer close(sampled)
 		for {
-			peak.Store(max(peak.Load(), fsys.blocks.usage()))
+			peak.Store(max(peak.Load(), fsys.blocks.Usage()))
 			select {
 			case <-done:
 				return
@@ -484,7 +252,7 @@ func TestStreamThroughLargerFileKeepsItsWindow(t *testing.T) {
 	if p > 4+1+1+1+1+2 {
 		t.Errorf("the stream took %d blocks of memory at its peak, want its window's and a few", p)
 	}
-	if !fsys.blocks.has(blockKey{"hot", hot.ETag, 0}) {
+	if !fsys.blocks.Has(cache.BlockKey{Name: "hot", ETag: hot.ETag, Idx: 0}) {
 		t.Error("the stream through a file larger than the cache evicted the small file's block")
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/memory"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -480,10 +481,10 @@ func (s *Session) reply(req, out []byte, slot *replySlot) error {
 	if slot != nil && slot.pending != nil {
 		r := slot.pending
 		slot.pending = nil
-		defer r.release()
-		if hdr := n - len(r.data); st.Ok() && hdr >= 0 {
+		defer r.Release()
+		if hdr := n - len(r.Data()); st.Ok() && hdr >= 0 {
 			zeroCopyReplies.Add(1)
-			slot.iov = [2][]byte{out[:hdr], r.data}
+			slot.iov = [2][]byte{out[:hdr], r.Data()}
 			iov = slot.iov[:]
 			defer func() { slot.iov = [2][]byte{} }()
 		} else {
@@ -568,7 +569,7 @@ func (s *Session) serve() {
 }
 
 // A replySlot lets a READ's answer skip the copy into a reader's reply
-// buffer: pinnedRange.Readv, given the buffer's payload area by go-fuse's
+// buffer: cachedRead.Readv, given the buffer's payload area by go-fuse's
 // ProtocolServer, finds the reader's slot by that address and leaves the
 // pinned range there; the reader writes the reply with writev from the
 // cache's blocks and releases them. Sequential reads through the block
@@ -576,8 +577,54 @@ func (s *Session) serve() {
 // 1 GiB read from Azurite, perf).
 type replySlot struct {
 	key     uintptr
-	pending *pinnedRange // set by Readv, taken by Session.reply
-	iov     [2][]byte    // the writev's header and data
+	pending *cache.PinnedRange // set by Readv, taken by Session.reply
+	iov     [2][]byte          // the writev's header and data
+}
+
+// cachedRead is a READ's answer from one block of the block cache (a
+// fuse.ReadResult): its bytes go to the kernel straight from the block
+// when the session reading the request offers a reply slot (see Readv).
+type cachedRead struct {
+	r *cache.PinnedRange
+	// handedOff: Readv gave the range to a session's reply slot, which
+	// releases it once written; Done must not.
+	handedOff bool
+}
+
+func (c *cachedRead) Size() int { return len(c.r.Data()) }
+
+func (c *cachedRead) Bytes(buf []byte) ([]byte, fuse.Status) {
+	data := c.r.Data()
+	if len(buf) < len(data) {
+		buf = make([]byte, len(data))
+	}
+	return buf[:copy(buf, data)], fuse.OK
+}
+
+// Readv is how go-fuse's ProtocolServer asks for a READ's bytes: dst is
+// the payload area of the reply buffer. When that buffer is a session
+// reader's with a reply slot, the range is handed to the slot and nothing
+// is copied: the reader writes the header and the data with one writev.
+func (c *cachedRead) Readv(dst [][]byte) (int, fuse.Status) {
+	data := c.r.Data()
+	if len(dst) == 1 && len(dst[0]) >= len(data) && len(data) > 0 {
+		if slot := replySlotAt(dst[0]); slot != nil && slot.pending == nil {
+			slot.pending = c.r
+			c.handedOff = true
+			return len(data), fuse.OK
+		}
+	}
+	done := 0
+	for _, d := range dst {
+		done += copy(d, data[done:])
+	}
+	return done, fuse.OK
+}
+
+func (c *cachedRead) Done() {
+	if !c.handedOff {
+		c.r.Release()
+	}
 }
 
 // replySlots maps the payload address of each reader's reply buffer to its
@@ -602,7 +649,7 @@ func newReplySlot(out []byte) *replySlot {
 func (slot *replySlot) close() {
 	replySlots.Delete(slot.key)
 	if slot.pending != nil {
-		slot.pending.release()
+		slot.pending.Release()
 		slot.pending = nil
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/cache"
 )
 
 // diskCacheFlags are --disk-cache-mb and --disk-cache-dir, of `blobfs
@@ -28,18 +28,18 @@ func (f diskCacheFlags) check() error {
 const diskCacheWait = 15 * time.Second
 
 // open opens the disk cache the flags ask for, or returns nil for none.
-func (f diskCacheFlags) open(logger *slog.Logger) (*fusefs.DiskCache, error) {
+func (f diskCacheFlags) open(logger *slog.Logger) (*cache.DiskCache, error) {
 	if f.mb == 0 {
 		return nil, nil
 	}
 	deadline := time.Now().Add(diskCacheWait)
 	for logged := false; ; {
-		c, err := fusefs.OpenDiskCache(f.dir, f.mb<<20)
+		c, err := cache.OpenDiskCache(f.dir, f.mb<<20)
 		if err == nil {
 			logger.Info("disk cache", "dir", f.dir, "mb", f.mb)
 			return c, nil
 		}
-		if !errors.Is(err, fusefs.ErrDiskCacheInUse) || time.Now().After(deadline) {
+		if !errors.Is(err, cache.ErrDiskCacheInUse) || time.Now().After(deadline) {
 			return nil, fmt.Errorf("--disk-cache-dir: %w", err)
 		}
 		if !logged {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/fsmetrics"
 )
 
@@ -612,7 +613,7 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 func setMemoryLimit(fo fusefs.Options) {
 	limit := fo.BlockCacheBytes + 2*int64(fo.UploadConcurrency)*fo.UploadBlockSize + 48<<20
 	if fo.DiskCache != nil {
-		limit += fusefs.DiskFillBytes
+		limit += cache.DiskFillBytes
 	}
 	debug.SetMemoryLimit(limit)
 }

@@ -1,17 +1,13 @@
-package fusefs
+package cache
 
 import (
 	"container/list"
 	"context"
 	"io"
 	"sync"
-	"sync/atomic"
-
-	"github.com/blobfs/blobfs/blobstore"
-	"github.com/blobfs/blobfs/fusefs/contentsum"
 )
 
-// chunkCache serves random reads: small pieces of blobs, fetched with a
+// ChunkCache serves random reads: small pieces of blobs, fetched with a
 // ranged GET of the chunks a READ needs instead of the ReadBlockSize block
 // around it.
 //
@@ -25,46 +21,43 @@ import (
 // there, else from here. A handle that reads sequentially again goes back
 // to blocks and read-ahead at once.
 //
-// A chunk is randomChunk bytes (the last of a blob shorter), keyed like
+// A chunk is RandomChunk bytes (the last of a blob shorter), keyed like
 // a block by blob name, ETag and index, so a changed blob is never served
 // stale. The chunks a read lacks are fetched in one GET from the first
 // missing one to the last. Memory is bounded by capacity, taken out of
 // Options.BlockCacheBytes (see newChunkCache), least recently used first
 // out. Two readers missing the same chunk at once both fetch it: random
 // readers rarely do, and the waste is one chunk.
-type chunkCache struct {
-	store    blobstore.Store
+type ChunkCache struct {
+	src      *Sources // shared with the block cache
 	capacity int64
-	fetched  *atomic.Int64      // bytes downloaded for reads, shared with the block cache
-	disk     *diskTier          // asked before the store (diskcache.go); may be nil
-	sums     *contentsum.Checks // checks whole reads (contentsum.go); may be nil
 
 	mu     sync.Mutex
-	chunks map[blockKey]*list.Element // of *chunk
+	chunks map[BlockKey]*list.Element // of *chunk
 	lru    *list.List                 // front is most recent
 	used   int64
 }
 
 type chunk struct {
-	key  blockKey
+	key  BlockKey
 	data []byte
 }
 
-// randomChunk is the size of the pieces random reads fetch: a 4 KiB read
+// RandomChunk is the size of the pieces random reads fetch: a 4 KiB read
 // costs a 64 KiB GET, whose time on Azure and Azurite is that of its round
 // trip, not of its bytes.
-const randomChunk = 64 << 10
+const RandomChunk = 64 << 10
 
-// newChunkCache returns a chunk cache of capacity bytes (0: chunks are
+// NewChunkCache returns a chunk cache of capacity bytes (0: chunks are
 // fetched for each read and not kept).
-func newChunkCache(store blobstore.Store, capacity int64, fetched *atomic.Int64) *chunkCache {
-	return &chunkCache{store: store, capacity: capacity, fetched: fetched, chunks: map[blockKey]*list.Element{}, lru: list.New()}
+func NewChunkCache(src *Sources, capacity int64) *ChunkCache {
+	return &ChunkCache{src: src, capacity: capacity, chunks: map[BlockKey]*list.Element{}, lru: list.New()}
 }
 
-// chunkCapacity splits Options.BlockCacheBytes between the block cache
+// ChunkCapacity splits Options.BlockCacheBytes between the block cache
 // and the chunk cache: a sixteenth for chunks, as long as the blocks keep
 // room for two read blocks (the smallest block cache there is), else none.
-func chunkCapacity(cacheBytes, blockSize int64) int64 {
+func ChunkCapacity(cacheBytes, blockSize int64) int64 {
 	c := cacheBytes / 16
 	if cacheBytes-c < 2*blockSize {
 		return 0
@@ -72,19 +65,19 @@ func chunkCapacity(cacheBytes, blockSize int64) int64 {
 	return c
 }
 
-// read copies the bytes of blob name (of the given size and ETag) at off
+// Read copies the bytes of blob name (of the given size and ETag) at off
 // into p, from chunks kept or fetched now. It returns how many it copied.
-func (c *chunkCache) read(ctx context.Context, name, etag string, size int64, p []byte, off int64) (int, error) {
+func (c *ChunkCache) Read(ctx context.Context, name, etag string, size int64, p []byte, off int64) (int, error) {
 	end := min(off+int64(len(p)), size)
 	if end <= off {
 		return 0, nil
 	}
-	first, last := off/randomChunk, (end-1)/randomChunk
+	first, last := off/RandomChunk, (end-1)/RandomChunk
 	have := make([][]byte, last-first+1)
 	c.mu.Lock()
 	missFrom, missTo := int64(-1), int64(-1)
 	for i := first; i <= last; i++ {
-		if e, ok := c.chunks[blockKey{name, etag, i}]; ok {
+		if e, ok := c.chunks[BlockKey{name, etag, i}]; ok {
 			c.lru.MoveToFront(e)
 			have[i-first] = e.Value.(*chunk).data
 			continue
@@ -96,28 +89,28 @@ func (c *chunkCache) read(ctx context.Context, name, etag string, size int64, p 
 	}
 	c.mu.Unlock()
 	if missFrom >= 0 {
-		from, to := missFrom*randomChunk, min((missTo+1)*randomChunk, size)
+		from, to := missFrom*RandomChunk, min((missTo+1)*RandomChunk, size)
 		buf := make([]byte, to-from)
-		got, err := readThrough(ctx, c.store, c.disk, c.sums, c.fetched, name, etag, size, buf, from)
+		got, err := c.src.readThrough(ctx, true, name, etag, size, buf, from)
 		if err != nil {
 			return 0, err
 		}
 		buf = buf[:got]
 		for i := missFrom; i <= missTo; i++ {
-			lo := (i - missFrom) * randomChunk
+			lo := (i - missFrom) * RandomChunk
 			if lo >= int64(len(buf)) {
 				break // the blob is shorter than its attributes said
 			}
-			data := buf[lo:min(lo+randomChunk, int64(len(buf)))]
+			data := buf[lo:min(lo+RandomChunk, int64(len(buf)))]
 			have[i-first] = data
-			c.keep(blockKey{name, etag, i}, data)
+			c.keep(BlockKey{name, etag, i}, data)
 		}
 	}
 	done := 0
 	for pos := off; pos < end; {
-		i := pos / randomChunk
+		i := pos / RandomChunk
 		data := have[i-first]
-		start := pos - i*randomChunk
+		start := pos - i*RandomChunk
 		if start >= int64(len(data)) {
 			return done, io.ErrUnexpectedEOF
 		}
@@ -129,7 +122,7 @@ func (c *chunkCache) read(ctx context.Context, name, etag string, size int64, p 
 }
 
 // keep adds a chunk, dropping the least recently used ones over capacity.
-func (c *chunkCache) keep(key blockKey, data []byte) {
+func (c *ChunkCache) keep(key BlockKey, data []byte) {
 	if c.capacity <= 0 || int64(len(data)) > c.capacity {
 		return
 	}
@@ -153,12 +146,12 @@ func (c *chunkCache) keep(key blockKey, data []byte) {
 	}
 }
 
-// dropVersion forgets every chunk of one version of a blob.
-func (c *chunkCache) dropVersion(name, etag string) {
+// DropVersion forgets every chunk of one version of a blob.
+func (c *ChunkCache) DropVersion(name, etag string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for key, e := range c.chunks {
-		if key.name == name && key.etag == etag {
+		if key.Name == name && key.ETag == etag {
 			c.lru.Remove(e)
 			delete(c.chunks, key)
 			c.used -= int64(len(e.Value.(*chunk).data))
@@ -166,8 +159,8 @@ func (c *chunkCache) dropVersion(name, etag string) {
 	}
 }
 
-// usage is the memory the chunks take.
-func (c *chunkCache) usage() int64 {
+// Usage is the memory the chunks take.
+func (c *ChunkCache) Usage() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.used

@@ -1,4 +1,4 @@
-package fusefs
+package cache
 
 import (
 	"container/list"
@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -42,21 +43,21 @@ type DiskCache struct {
 	capacity int64
 
 	mu      sync.Mutex
-	entries map[diskKey]*diskEntry
+	entries map[diskKey]*DiskEntry
 	lru     *list.List // unpinned entries; front is the most recently used
 	used    int64
 	seq     uint64
 	closed  bool
 	// dropped are files forgotten under mu and not removed yet: unlinking
 	// (a large file takes long) happens after mu is let go (removeDropped).
-	dropped []*diskEntry
+	dropped []*DiskEntry
 
 	// hitBytes counts bytes read from cache files, storedBytes bytes
 	// written into them.
 	hitBytes, storedBytes atomic.Int64
 	// writeErr is the last failed write, reported once (Err).
 	writeErr atomic.Pointer[error]
-	// fills bounds the files being fetched whole (FS.fillDisk) over every
+	// fills bounds the files being fetched whole (Sources.FillDisk) over every
 	// mount of the process: each holds fillWorkers read blocks of memory.
 	fills chan struct{}
 }
@@ -64,13 +65,13 @@ type DiskCache struct {
 // diskUnit is the granularity of what a cache file is known to hold: a
 // random read's chunk (chunkcache.go), so that chunks and blocks both land
 // on whole units.
-const diskUnit = randomChunk
+const diskUnit = RandomChunk
 
 type diskKey struct {
 	ns, name, etag string
 }
 
-type diskEntry struct {
+type DiskEntry struct {
 	key     diskKey
 	path    string
 	f       *os.File
@@ -121,7 +122,7 @@ func OpenDiskCache(dir string, capacity int64) (*DiskCache, error) {
 		dir:      dir,
 		lock:     lock,
 		capacity: capacity,
-		entries:  map[diskKey]*diskEntry{},
+		entries:  map[diskKey]*DiskEntry{},
 		lru:      list.New(),
 		fills:    make(chan struct{}, maxFills),
 	}, nil
@@ -170,7 +171,7 @@ func unitsOf(off, end, size int64) (first, last int64) {
 	return first, max(last, first)
 }
 
-func (e *diskEntry) has(i int64) bool { return e.present[i/64]&(1<<(i%64)) != 0 }
+func (e *DiskEntry) has(i int64) bool { return e.present[i/64]&(1<<(i%64)) != 0 }
 
 // read copies the bytes [off, off+len(p)) of the blob (clamped to its size)
 // from its cache file when the file holds all of them. ok is false when it
@@ -206,7 +207,7 @@ func (c *DiskCache) holds(ns, name, etag string, size, off, end int64) bool {
 
 // holdingLocked returns the cache file of key (a blob of size bytes) if it
 // holds every unit under [off, end), else nil.
-func (c *DiskCache) holdingLocked(key diskKey, size, off, end int64) *diskEntry {
+func (c *DiskCache) holdingLocked(key diskKey, size, off, end int64) *DiskEntry {
 	e := c.entries[key]
 	if e == nil || e.size != size || off >= end {
 		return nil
@@ -262,7 +263,7 @@ func (c *DiskCache) store(ns, name, etag string, size int64, data []byte, off in
 	}
 	if e == nil {
 		c.seq++
-		e = &diskEntry{
+		e = &DiskEntry{
 			key:     key,
 			path:    filepath.Join(c.dir, fmt.Sprintf("%016x", c.seq)),
 			size:    size,
@@ -330,9 +331,9 @@ func (c *DiskCache) Err() error {
 	return nil
 }
 
-// complete returns the cache file of a blob held whole, pinned (the caller
+// Complete returns the cache file of a blob held whole, pinned (the caller
 // unpins it), or nil.
-func (c *DiskCache) complete(ns, name, etag string, size int64) *diskEntry {
+func (c *DiskCache) complete(ns, name, etag string, size int64) *DiskEntry {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.entries[diskKey{ns, name, etag}]
@@ -345,21 +346,21 @@ func (c *DiskCache) complete(ns, name, etag string, size int64) *diskEntry {
 
 // makeRoomLocked evicts unpinned files, least recently used first, until
 // need more bytes fit; keep is never evicted. It reports whether they fit.
-func (c *DiskCache) makeRoomLocked(need int64, keep *diskEntry) bool {
+func (c *DiskCache) makeRoomLocked(need int64, keep *DiskEntry) bool {
 	for c.used+need > c.capacity {
 		el := c.lru.Back()
-		for el != nil && el.Value.(*diskEntry) == keep {
+		for el != nil && el.Value.(*DiskEntry) == keep {
 			el = el.Prev()
 		}
 		if el == nil {
 			return false
 		}
-		c.dropLocked(el.Value.(*diskEntry))
+		c.dropLocked(el.Value.(*DiskEntry))
 	}
 	return true
 }
 
-func (c *DiskCache) pinLocked(e *diskEntry) {
+func (c *DiskCache) pinLocked(e *DiskEntry) {
 	e.pins++
 	if e.elem != nil {
 		c.lru.Remove(e.elem)
@@ -367,13 +368,13 @@ func (c *DiskCache) pinLocked(e *diskEntry) {
 	}
 }
 
-func (c *DiskCache) unpin(e *diskEntry) {
+func (c *DiskCache) unpin(e *DiskEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.unpinLocked(e)
 }
 
-func (c *DiskCache) unpinLocked(e *diskEntry) {
+func (c *DiskCache) unpinLocked(e *DiskEntry) {
 	e.pins--
 	switch {
 	case e.pins > 0:
@@ -386,7 +387,7 @@ func (c *DiskCache) unpinLocked(e *diskEntry) {
 
 // dropLocked forgets e and removes its file; its descriptor is closed
 // now, or by the last unpin if a reader still uses it.
-func (c *DiskCache) dropLocked(e *diskEntry) {
+func (c *DiskCache) dropLocked(e *DiskEntry) {
 	if e.gone {
 		return
 	}
@@ -424,41 +425,58 @@ func (c *DiskCache) removeDropped() {
 	}
 }
 
+// Sources is where a mount's caches get the bytes they hold: its disk
+// cache, then the store; whole reads checked against Content-MD5. The
+// mount's block and chunk caches share one.
+type Sources struct {
+	Store blobstore.Store
+	// Disk is asked before the store and keeps what the store sent; nil:
+	// no disk cache.
+	Disk *DiskTier
+	// Sums checks whole reads against Content-MD5; nil: no checks.
+	Sums *contentsum.Checks
+	// Fetched counts the bytes the store sent for reads.
+	Fetched atomic.Int64
+	Log     *slog.Logger
+}
+
 // readThrough reads p, the bytes of blob name (of size bytes, version
 // etag) at off, for a cache of the blob's content: from the disk cache when
 // it holds them, else from the store, counting what the store sent in
-// fetched (if not nil) and keeping it in the disk cache. It returns what
-// it read; fewer bytes than len(p) only at the end of the blob, without
-// error. disk may be nil (no disk cache).
+// Fetched and keeping it in the disk cache. It returns what it read; fewer
+// bytes than len(p) only at the end of the blob, without error.
 //
 // The caller must not let p be reused before readThrough returns: the disk
 // cache is written from it.
 //
-// A blob being read whole is hashed here against its Content-MD5 (sums,
-// which may be nil): the read that completes a mismatching blob fails with
-// errContentMismatch.
-func readThrough(ctx context.Context, store blobstore.Store, disk *diskTier, sums *contentsum.Checks, fetched *atomic.Int64, name, etag string, size int64, p []byte, off int64) (int, error) {
-	check := sums.Begin(name, etag, off, int64(len(p)))
-	if got, ok := disk.read(name, etag, size, p, off); ok {
-		return got, sums.End(check, p[:got], nil)
+// A blob being read whole is hashed here against its Content-MD5 (Sums),
+// unless check is false (the block cache checks its blocks itself, to keep
+// them pinned while they are hashed): the read that completes a
+// mismatching blob fails with contentsum.ErrMismatch.
+func (s *Sources) readThrough(ctx context.Context, check bool, name, etag string, size int64, p []byte, off int64) (int, error) {
+	sums := s.Sums
+	if !check {
+		sums = nil
 	}
-	got, err := store.ReadAt(ctx, name, p, off, etag)
-	if fetched != nil {
-		fetched.Add(int64(got))
+	flight := sums.Begin(name, etag, off, int64(len(p)))
+	if got, ok := s.Disk.read(name, etag, size, p, off); ok {
+		return got, sums.End(flight, p[:got], nil)
 	}
+	got, err := s.Store.ReadAt(ctx, name, p, off, etag)
+	s.Fetched.Add(int64(got))
 	if errors.Is(err, io.EOF) {
 		err = nil
 	}
 	if err != nil {
-		sums.End(check, nil, err)
+		sums.End(flight, nil, err)
 		return got, err
 	}
-	disk.keep(name, etag, size, p[:got], off)
-	return got, sums.End(check, p[:got], nil)
+	s.Disk.keep(name, etag, size, p[:got], off)
+	return got, sums.End(flight, p[:got], nil)
 }
 
-// forget drops the cache file of a version, if any.
-func (t *diskTier) forget(name, etag string) {
+// Forget drops the cache file of a version, if any.
+func (t *DiskTier) Forget(name, etag string) {
 	if t == nil {
 		return
 	}
@@ -471,17 +489,43 @@ func (t *diskTier) forget(name, etag string) {
 	c.removeDropped()
 }
 
-// diskTier is the disk cache as one mount's block and chunk caches see it:
+// DiskTier is the disk cache as one mount's block and chunk caches see it:
 // below them, above the store. Its methods do nothing on a nil tier (no
 // disk cache).
-type diskTier struct {
+type DiskTier struct {
 	cache *DiskCache
 	ns    string
 	hits  atomic.Int64 // bytes read from the cache (Stats.DiskReadBytes)
+
+	mu sync.Mutex
+	// filling: the file versions being fetched whole (Sources.FillDisk).
+	filling map[BlockKey]bool
 }
 
+// NewDiskTier is cache as one mount sees it: its files, in a namespace
+// ns of the cache's own (the mount's store).
+func NewDiskTier(cache *DiskCache, ns string) *DiskTier {
+	return &DiskTier{cache: cache, ns: ns}
+}
+
+// Hits is the bytes read from the cache.
+func (t *DiskTier) Hits() int64 { return t.hits.Load() }
+
+// Complete pins and returns the cache file of a version the cache holds
+// whole (nil if it does not): it stays while pinned. Unpin it after.
+func (t *DiskTier) Complete(name, etag string, size int64) *DiskEntry {
+	return t.cache.complete(t.ns, name, etag, size)
+}
+
+// Unpin lets the cache drop a file Complete returned.
+func (t *DiskTier) Unpin(e *DiskEntry) { t.cache.unpin(e) }
+
+// File is the cache file (for FUSE passthrough, which reads it in the
+// kernel).
+func (e *DiskEntry) File() *os.File { return e.f }
+
 // read answers a fetch from disk when the cache file holds the range.
-func (t *diskTier) read(name, etag string, size int64, p []byte, off int64) (int, bool) {
+func (t *DiskTier) read(name, etag string, size int64, p []byte, off int64) (int, bool) {
 	if t == nil {
 		return 0, false
 	}
@@ -493,13 +537,13 @@ func (t *diskTier) read(name, etag string, size int64, p []byte, off int64) (int
 }
 
 // keep writes what a fetch got from the store into the cache file.
-func (t *diskTier) keep(name, etag string, size int64, data []byte, off int64) {
+func (t *DiskTier) keep(name, etag string, size int64, data []byte, off int64) {
 	if t != nil {
 		t.cache.store(t.ns, name, etag, size, data, off)
 	}
 }
 
-// fillWorkers is how many GETs a fill (FS.fillDisk) keeps in flight, and
+// fillWorkers is how many GETs a fill (Sources.FillDisk) keeps in flight, and
 // maxFills how many fills run at once in a process.
 const (
 	fillWorkers = 4
@@ -519,42 +563,44 @@ const DiskFillBytes = maxFills * fillWorkers * fillChunk
 // a read-only mount the next open of the file is passthrough. Only files of
 // at most a quarter of the cache, one fill per file version at a time, and
 // maxFills at once (others wait their turn); the bytes count as fetched for
-// reads (Stats.FetchedBytes). A file the fill completes is then checked
-// against its Content-MD5 want (verifyFilled).
-func (fs *FS) fillDisk(path, etag string, size int64, want contentsum.Sum) {
-	if fs.disk == nil || etag == "" || size > fs.disk.cache.capacity/4 {
+// reads (Fetched). A file the fill completes is then checked against its
+// Content-MD5 want (verifyFilled). The fill runs in bg, and stops when ctx
+// (the mount's) ends.
+func (s *Sources) FillDisk(ctx context.Context, bg *sync.WaitGroup, path, etag string, size int64, want contentsum.Sum) {
+	t := s.Disk
+	if t == nil || etag == "" || size > t.cache.capacity/4 {
 		return
 	}
-	key := blockKey{name: path, etag: etag}
-	fs.mu.Lock()
-	if fs.filling[key] {
-		fs.mu.Unlock()
+	key := BlockKey{Name: path, ETag: etag}
+	t.mu.Lock()
+	if t.filling[key] {
+		t.mu.Unlock()
 		return
 	}
-	if fs.filling == nil {
-		fs.filling = map[blockKey]bool{}
+	if t.filling == nil {
+		t.filling = map[BlockKey]bool{}
 	}
-	fs.filling[key] = true
-	fs.mu.Unlock()
-	fs.bg.Add(1)
+	t.filling[key] = true
+	t.mu.Unlock()
+	bg.Add(1)
 	go func() {
-		defer fs.bg.Done()
+		defer bg.Done()
 		select {
-		case fs.disk.cache.fills <- struct{}{}:
-			defer func() { <-fs.disk.cache.fills }()
-			if fs.fillDiskNow(path, etag, size) {
-				fs.verifyFilled(path, etag, size, want)
+		case t.cache.fills <- struct{}{}:
+			defer func() { <-t.cache.fills }()
+			if s.fillDiskNow(ctx, path, etag, size) {
+				s.verifyFilled(ctx, path, etag, size, want)
 			}
-		case <-fs.ctx.Done():
+		case <-ctx.Done():
 		}
-		fs.mu.Lock()
-		delete(fs.filling, key)
-		fs.mu.Unlock()
+		t.mu.Lock()
+		delete(t.filling, key)
+		t.mu.Unlock()
 	}()
 }
 
-// fillDiskNow is fillDisk's work; it reports whether every chunk was read.
-func (fs *FS) fillDiskNow(path, etag string, size int64) bool {
+// fillDiskNow is FillDisk's work; it reports whether every chunk was read.
+func (s *Sources) fillDiskNow(ctx context.Context, path, etag string, size int64) bool {
 	bs := int64(fillChunk)
 	offs := make(chan int64)
 	var failed atomic.Pointer[error]
@@ -566,40 +612,40 @@ func (fs *FS) fillDiskNow(path, etag string, size int64) bool {
 			buf := make([]byte, bs)
 			for off := range offs {
 				n := min(bs, size-off)
-				if _, err := readThrough(fs.ctx, fs.store, fs.disk, fs.sums, &fs.fetched, path, etag, size, buf[:n], off); err != nil {
+				if _, err := s.readThrough(ctx, true, path, etag, size, buf[:n], off); err != nil {
 					failed.CompareAndSwap(nil, &err)
 				}
 			}
 		}()
 	}
-	for off := int64(0); off < size && failed.Load() == nil && fs.ctx.Err() == nil; off += bs {
-		if !fs.disk.cache.holds(fs.disk.ns, path, etag, size, off, off+bs) {
+	for off := int64(0); off < size && failed.Load() == nil && ctx.Err() == nil; off += bs {
+		if !s.Disk.cache.holds(s.Disk.ns, path, etag, size, off, off+bs) {
 			offs <- off
 		}
 	}
 	close(offs)
 	workers.Wait()
-	if p := failed.Load(); p != nil && fs.ctx.Err() == nil {
-		fs.log.Debug("disk cache: fetching a file whole stopped", "path", path, "err", *p)
+	if p := failed.Load(); p != nil && ctx.Err() == nil {
+		s.Log.Debug("disk cache: fetching a file whole stopped", "path", path, "err", *p)
 	}
-	return failed.Load() == nil && fs.ctx.Err() == nil
+	return failed.Load() == nil && ctx.Err() == nil
 }
 
 // verifyFilled hashes a version that a fill left whole in the disk cache,
 // from the cache file, and gives the verdict against its Content-MD5 want
-// (sumChecks.verdict): a match lets the next open be passthrough, a
+// (contentsum.Checks.Verdict): a match lets the next open be passthrough, a
 // mismatch drops the cache file and fails reads of the version with EIO.
 //
 // Why a pass of its own: a fill skips the parts that random reads put on
 // disk before it, and fetches out of order, so the in-order hashing of
-// reads (sumChecks) does not cover it; and making random reads wait for a
+// reads (contentsum.Checks) does not cover it; and making random reads wait for a
 // fill's hash to reach their offset would cost them seconds. The file was
 // just written, so this reads the page cache, in the background.
-func (fs *FS) verifyFilled(path, etag string, size int64, want contentsum.Sum) {
-	if fs.sums == nil || !want.Known() || fs.sums.Trusted(path, etag, want) || fs.sums.IsCorrupt(path, etag) {
+func (s *Sources) verifyFilled(ctx context.Context, path, etag string, size int64, want contentsum.Sum) {
+	if s.Sums == nil || !want.Known() || s.Sums.Trusted(path, etag, want) || s.Sums.IsCorrupt(path, etag) {
 		return
 	}
-	e := fs.disk.cache.complete(fs.disk.ns, path, etag, size)
+	e := s.Disk.Complete(path, etag, size)
 	if e == nil {
 		return // evicted meanwhile, or not all there
 	}
@@ -607,17 +653,17 @@ func (fs *FS) verifyFilled(path, etag string, size int64, want contentsum.Sum) {
 	buf := make([]byte, 1<<20)
 	var err error
 	for off := int64(0); off < size && err == nil; off += int64(len(buf)) {
-		if err = fs.ctx.Err(); err == nil { // a large file: stop with the mount
+		if err = ctx.Err(); err == nil { // a large file: stop with the mount
 			p := buf[:min(int64(len(buf)), size-off)]
 			if _, err = e.f.ReadAt(p, off); err == nil {
 				h.Write(p)
 			}
 		}
 	}
-	fs.disk.cache.unpin(e)
+	s.Disk.Unpin(e)
 	if err != nil {
-		fs.log.Debug("disk cache: cannot read back a filled file to check it", "path", path, "err", err)
+		s.Log.Debug("disk cache: cannot read back a filled file to check it", "path", path, "err", err)
 		return
 	}
-	fs.sums.Verdict(contentsum.Version{Name: path, ETag: etag}, size, want, h.Sum(nil))
+	s.Sums.Verdict(contentsum.Version{Name: path, ETag: etag}, size, want, h.Sum(nil))
 }

@@ -1,4 +1,4 @@
-package fusefs
+package cache
 
 import (
 	"container/list"
@@ -6,17 +6,13 @@ import (
 	"errors"
 	"io"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fuse"
-
 	"github.com/blobfs/blobfs/blobstore"
-	"github.com/blobfs/blobfs/fusefs/contentsum"
 	"github.com/blobfs/blobfs/fusefs/memory"
 )
 
-// blockCache holds fixed-size blocks of blob content in memory.
+// BlockCache holds fixed-size blocks of blob content in memory.
 //
 // A block is keyed by blob name, ETag and index, so a rewritten blob never
 // serves stale bytes: its old blocks simply age out. Memory is bounded by
@@ -55,7 +51,7 @@ import (
 // Locking: mu guards every field below it and every block's pins, elem,
 // owner and membership in blocks; a block's buf and err are written by its
 // fetch before ready is closed, and read only after.
-type blockCache struct {
+type BlockCache struct {
 	store     blobstore.Store
 	blockSize int64
 	capacity  int64
@@ -65,7 +61,7 @@ type blockCache struct {
 
 	mu     sync.Mutex
 	cond   *sync.Cond
-	blocks map[blockKey]*block
+	blocks map[BlockKey]*block
 	lru    *list.List     // fetched, unpinned, read blocks; front is most recent
 	ahead  *list.List     // fetched, unpinned blocks not read yet; front is most recent
 	passed *list.List     // fetched, unpinned blocks a stream has passed; front is most recent
@@ -77,25 +73,21 @@ type blockCache struct {
 	closed bool           // buffers are freed as soon as unpinned
 
 	hits, misses uint64 // guarded by mu
-	// fetched counts the bytes downloaded into blocks (FS.fetched).
-	fetched *atomic.Int64
-	// disk, if not nil, is asked before the store, and keeps what the
-	// store sent (diskcache.go).
-	disk *diskTier
-	// sums checks whole reads against Content-MD5 (contentsum.go); nil:
-	// no checks. held counts the blocks it keeps pinned (guarded by mu).
-	sums *contentsum.Checks
+	// src is where blocks come from: the disk cache, then the store. Its
+	// Sums check whole reads against Content-MD5 (nil: no checks); held
+	// counts the blocks they keep pinned (guarded by mu).
+	src  *Sources
 	held int64
 }
 
-type blockKey struct {
-	name string
-	etag string
-	idx  int64
+type BlockKey struct {
+	Name string
+	ETag string
+	Idx  int64
 }
 
 type block struct {
-	key   blockKey
+	key   BlockKey
 	buf   []byte
 	err   error
 	ready chan struct{}
@@ -120,15 +112,18 @@ type block struct {
 	passed bool
 }
 
-func newBlockCache(store blobstore.Store, blockSize, capacity int64, maxFetches int) *blockCache {
-	c := &blockCache{
-		store:      store,
+// NewBlockCache returns a cache of blocks of blockSize bytes, at most
+// capacity bytes of them, fetched from src with at most maxFetches
+// read-ahead fetches at once.
+func NewBlockCache(src *Sources, blockSize, capacity int64, maxFetches int) *BlockCache {
+	c := &BlockCache{
+		src:        src,
 		blockSize:  blockSize,
 		capacity:   capacity,
 		owned:      map[uint64]int{},
 		maxFetches: max(maxFetches, 1),
 		queue:      list.New(),
-		blocks:     map[blockKey]*block{},
+		blocks:     map[BlockKey]*block{},
 		lru:        list.New(),
 		ahead:      list.New(),
 		passed:     list.New(),
@@ -138,15 +133,32 @@ func newBlockCache(store blobstore.Store, blockSize, capacity int64, maxFetches 
 	return c
 }
 
-// read copies the bytes of blob name (of the given size and ETag) at off
+// PinnedBlocks counts the blocks a reader, a reply or a fetch holds: 0
+// when no read is in flight, or a pin leaked.
+func (c *BlockCache) PinnedBlocks() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, b := range c.blocks {
+		if b.pins != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// Capacity is the most bytes the cache holds.
+func (c *BlockCache) Capacity() int64 { return c.capacity }
+
+// Read copies the bytes of blob name (of the given size and ETag) at off
 // into p, fetching blocks as needed. It returns the number of bytes copied.
-// It pins one block at a time: a read longer than the cache still ends.
-func (c *blockCache) read(ctx context.Context, name, etag string, size int64, p []byte, off int64) (int, error) {
+// It pins one block at a time: a Read longer than the cache still ends.
+func (c *BlockCache) Read(ctx context.Context, name, etag string, size int64, p []byte, off int64) (int, error) {
 	end := min(off+int64(len(p)), size)
 	done := 0
 	for pos := off; pos < end; {
 		idx := pos / c.blockSize
-		b, err := c.get(ctx, blockKey{name, etag, idx}, size)
+		b, err := c.get(ctx, BlockKey{name, etag, idx}, size)
 		if err != nil {
 			return done, err
 		}
@@ -163,30 +175,30 @@ func (c *blockCache) read(ctx context.Context, name, etag string, size int64, p 
 	return done, nil
 }
 
-// has reports whether the block is cached, or being fetched.
-func (c *blockCache) has(key blockKey) bool {
+// Has reports whether the block is cached, or being fetched.
+func (c *BlockCache) Has(key BlockKey) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	_, ok := c.blocks[key]
 	return ok
 }
 
-// pin returns the bytes of blob name (of the given size and ETag) from off,
+// Pin returns the bytes of blob name (of the given size and ETag) from off,
 // at most n, in the cache's own block, fetched if need be; the block stays
 // pinned, its bytes unchanged, until the range is released. ok is false,
 // and nothing is pinned, when the bytes span two blocks: holding one block
 // while waiting for a buffer for the next could deadlock readers in a small
 // cache, so such reads copy (read).
-func (c *blockCache) pin(ctx context.Context, name, etag string, size, off int64, n int) (r *pinnedRange, ok bool, err error) {
+func (c *BlockCache) Pin(ctx context.Context, name, etag string, size, off int64, n int) (r *PinnedRange, ok bool, err error) {
 	end := min(off+int64(n), size)
 	if end <= off {
-		return &pinnedRange{c: c}, true, nil
+		return &PinnedRange{c: c}, true, nil
 	}
 	idx := off / c.blockSize
 	if (end-1)/c.blockSize != idx {
 		return nil, false, nil
 	}
-	b, err := c.get(ctx, blockKey{name, etag, idx}, size)
+	b, err := c.get(ctx, BlockKey{name, etag, idx}, size)
 	if err != nil {
 		return nil, true, err
 	}
@@ -197,66 +209,31 @@ func (c *blockCache) pin(ctx context.Context, name, etag string, size, off int64
 		c.unpin(b)
 		return nil, true, io.ErrUnexpectedEOF
 	}
-	return &pinnedRange{c: c, b: b, data: data}, true, nil
+	return &PinnedRange{c: c, b: b, data: data}, true, nil
 }
 
-// pinnedRange is a range of a blob held in a pinned cache block. As the
-// answer to a READ (a fuse.ReadResult), its bytes go to the kernel
-// straight from the block when the session reading the request offers a
-// reply slot (see Readv), without a copy into the reply buffer.
-type pinnedRange struct {
-	c    *blockCache
+// PinnedRange is a range of a blob held in a pinned cache block: the
+// answer to a READ can be written to the kernel straight from the block,
+// without a copy, and the block stays until Release.
+type PinnedRange struct {
+	c    *BlockCache
 	b    *block // nil once released, and for an empty range
 	data []byte // the bytes, within b.buf
-	// handedOff: Readv gave the range to a session's reply slot, which
-	// releases it once written; Done must not.
-	handedOff bool
 }
 
-// release unpins the block; data must not be used after it.
-func (r *pinnedRange) release() {
+// Data is the range's bytes; they must not be used after Release.
+func (r *PinnedRange) Data() []byte { return r.data }
+
+// Release unpins the block.
+func (r *PinnedRange) Release() {
 	if r.b != nil {
 		r.c.unpin(r.b)
 	}
 	r.b, r.data = nil, nil
 }
 
-func (r *pinnedRange) Size() int { return len(r.data) }
-
-func (r *pinnedRange) Bytes(buf []byte) ([]byte, fuse.Status) {
-	if len(buf) < len(r.data) {
-		buf = make([]byte, len(r.data))
-	}
-	return buf[:copy(buf, r.data)], fuse.OK
-}
-
-// Readv is how go-fuse's ProtocolServer asks for a READ's bytes: dst is
-// the payload area of the reply buffer. When that buffer is a session
-// reader's with a reply slot, the range is handed to the slot and nothing
-// is copied: the reader writes the header and the data with one writev.
-func (r *pinnedRange) Readv(dst [][]byte) (int, fuse.Status) {
-	if len(dst) == 1 && len(dst[0]) >= len(r.data) && len(r.data) > 0 {
-		if slot := replySlotAt(dst[0]); slot != nil && slot.pending == nil {
-			slot.pending = r
-			r.handedOff = true
-			return len(r.data), fuse.OK
-		}
-	}
-	done := 0
-	for _, d := range dst {
-		done += copy(d, r.data[done:])
-	}
-	return done, fuse.OK
-}
-
-func (r *pinnedRange) Done() {
-	if !r.handedOff {
-		r.release()
-	}
-}
-
 // get returns the block pinned; the caller must unpin it.
-func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block, error) {
+func (c *BlockCache) get(ctx context.Context, key BlockKey, size int64) (*block, error) {
 	c.mu.Lock()
 	b := c.blocks[key]
 	if b != nil {
@@ -276,7 +253,7 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 		}
 	} else {
 		c.misses++
-		n := c.blockLen(key.idx, size)
+		n := c.blockLen(key.Idx, size)
 		buf, ok := c.reserveLocked(n, true)
 		if !ok {
 			c.mu.Unlock()
@@ -320,7 +297,7 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 	return b, nil
 }
 
-// prefetch starts fetching a block in the background for handle owner (0:
+// Prefetch starts fetching a block in the background for handle owner (0:
 // none) unless it is cached, in flight, or no buffer is free without
 // evicting a block that has not been read yet. It reports whether the
 // block is now cached or on its way.
@@ -328,8 +305,8 @@ func (c *blockCache) get(ctx context.Context, key blockKey, size int64) (*block,
 // A buffer allocated for the first time is allocated by the fetch, not
 // here: faulting in fresh memory costs milliseconds per block, and a
 // stream's first READ starts a whole window of fetches.
-func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
-	if key.idx*c.blockSize >= size {
+func (c *BlockCache) Prefetch(key BlockKey, size int64, owner uint64) bool {
+	if key.Idx*c.blockSize >= size {
 		return false
 	}
 	c.mu.Lock()
@@ -353,7 +330,7 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 		c.mu.Unlock()
 		return false
 	}
-	n := c.blockLen(key.idx, size)
+	n := c.blockLen(key.Idx, size)
 	buf, ok := c.reserveLocked(n, false)
 	if !ok {
 		c.mu.Unlock()
@@ -397,7 +374,7 @@ func (c *blockCache) prefetch(key blockKey, size int64, owner uint64) bool {
 
 // fetchWorker fetches queued read-ahead blocks, oldest first, until the
 // queue is empty.
-func (c *blockCache) fetchWorker() {
+func (c *BlockCache) fetchWorker() {
 	for {
 		c.mu.Lock()
 		e := c.queue.Front()
@@ -419,16 +396,16 @@ func (c *blockCache) fetchWorker() {
 }
 
 // unqueueLocked takes b off the fetch queue; its fetch is the caller's.
-func (c *blockCache) unqueueLocked(b *block) {
+func (c *BlockCache) unqueueLocked(b *block) {
 	c.queue.Remove(b.qelem)
 	b.queued, b.qelem = false, nil
 }
 
 // runFetch fetches a block that read-ahead asked for and drops the
 // fetch's own pin.
-func (c *blockCache) runFetch(b *block) {
+func (c *BlockCache) runFetch(b *block) {
 	if b.buf == nil {
-		b.buf = c.newBuf(c.blockLen(b.key.idx, b.size))
+		b.buf = c.newBuf(c.blockLen(b.key.Idx, b.size))
 	}
 	c.fetch(b, b.size)
 	c.unpin(b)
@@ -436,14 +413,14 @@ func (c *blockCache) runFetch(b *block) {
 
 // abandonLocked gives up a queued block that nobody has pinned but its
 // fetch, without fetching it.
-func (c *blockCache) abandonLocked(b *block) {
+func (c *BlockCache) abandonLocked(b *block) {
 	if c.blocks[b.key] == b {
 		delete(c.blocks, b.key)
 	}
 	c.disownLocked(b)
 	if b.buf == nil {
 		// Its bytes were counted when reserved, its buffer not made.
-		c.addUsedLocked(-c.blockLen(b.key.idx, b.size))
+		c.addUsedLocked(-c.blockLen(b.key.Idx, b.size))
 		c.cond.Signal()
 	} else {
 		c.releaseBufLocked(b.buf)
@@ -456,7 +433,7 @@ func (c *blockCache) abandonLocked(b *block) {
 var errCacheClosed = errors.New("block cache closed")
 
 // blockLen is the length of block idx of a blob of the given size.
-func (c *blockCache) blockLen(idx, size int64) int64 {
+func (c *BlockCache) blockLen(idx, size int64) int64 {
 	return max(min(c.blockSize, size-idx*c.blockSize), 0)
 }
 
@@ -465,7 +442,7 @@ func (c *blockCache) blockLen(idx, size int64) int64 {
 // on the copy at the end of the fetch, when every block of a window arrives
 // at once. Full-size buffers are mapped (memory.AllocBlock), others are on the
 // heap.
-func (c *blockCache) newBuf(n int64) []byte {
+func (c *BlockCache) newBuf(n int64) []byte {
 	if n == c.blockSize {
 		return memory.AllocBlock(n)
 	}
@@ -474,8 +451,8 @@ func (c *blockCache) newBuf(n int64) []byte {
 
 // fetch fills b from the store. It does not depend on any one reader's
 // context: other readers may be waiting for the same block.
-func (c *blockCache) fetch(b *block, size int64) {
-	off := b.key.idx * c.blockSize
+func (c *BlockCache) fetch(b *block, size int64) {
+	off := b.key.Idx * c.blockSize
 	n := min(c.blockSize, size-off)
 	if n < 0 {
 		n = 0
@@ -483,12 +460,12 @@ func (c *blockCache) fetch(b *block, size int64) {
 	buf := b.buf[:n]
 	// Before ready: once readers have the block, it may be evicted and its
 	// buffer reused, and readThrough writes the disk cache from it.
-	check := c.sums.Begin(b.key.name, b.key.etag, off, n)
-	got, err := readThrough(context.Background(), c.store, c.disk, nil, c.fetched, b.key.name, b.key.etag, size, buf, off)
+	check := c.src.Sums.Begin(b.key.Name, b.key.ETag, off, n)
+	got, err := c.src.readThrough(context.Background(), false, b.key.Name, b.key.ETag, size, buf, off)
 	// Before ready too: the block of a whole read that lands last waits
 	// for the verdict, and fails on a mismatch. The others are ready at
 	// once, pinned until hashed.
-	if verr := c.sums.EndHeld(check, buf[:got], err, func() func() {
+	if verr := c.src.Sums.EndHeld(check, buf[:got], err, func() func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		// At most 3/4 of the cache held (read-ahead's window at
@@ -519,7 +496,7 @@ func (c *blockCache) fetch(b *block, size int64) {
 	}
 }
 
-func (c *blockCache) pinLocked(b *block) {
+func (c *BlockCache) pinLocked(b *block) {
 	b.pins++
 	if b.elem != nil {
 		c.listOf(b).Remove(b.elem)
@@ -528,7 +505,7 @@ func (c *blockCache) pinLocked(b *block) {
 }
 
 // listOf returns the list an unpinned block belongs in.
-func (c *blockCache) listOf(b *block) *list.List {
+func (c *BlockCache) listOf(b *block) *list.List {
 	switch {
 	case b.owner != 0:
 		return c.ahead
@@ -538,10 +515,10 @@ func (c *blockCache) listOf(b *block) *list.List {
 	return c.lru
 }
 
-// demote makes the unread read-ahead blocks of handle owner evictable, as
+// Demote makes the unread read-ahead blocks of handle owner evictable, as
 // the least recently used: the handle has moved elsewhere or closed, so
 // nothing expects them soon.
-func (c *blockCache) demote(owner uint64) {
+func (c *BlockCache) Demote(owner uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.owned[owner] == 0 {
@@ -562,7 +539,7 @@ func (c *blockCache) demote(owner uint64) {
 	}
 }
 
-func (c *blockCache) unpin(b *block) {
+func (c *BlockCache) unpin(b *block) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b.pins--
@@ -582,12 +559,12 @@ func (c *blockCache) unpin(b *block) {
 	c.cond.Signal()
 }
 
-// pass marks block key as passed by the stream of handle by (see
+// Pass marks block key as passed by the stream of handle by (see
 // blockCache): unless it is read again first, its buffer is among the next
 // taken. Only a block by's read-ahead fetched and read is passed: not one
 // a demand read fetched (whose reader is not known), nor one another
 // handle's read-ahead asked for too (shared).
-func (c *blockCache) pass(key blockKey, by uint64) {
+func (c *BlockCache) Pass(key BlockKey, by uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b := c.blocks[key]
@@ -602,7 +579,7 @@ func (c *blockCache) pass(key blockKey, by uint64) {
 }
 
 // disownLocked clears b's owner.
-func (c *blockCache) disownLocked(b *block) {
+func (c *BlockCache) disownLocked(b *block) {
 	if b.owner == 0 {
 		return
 	}
@@ -619,7 +596,7 @@ func (c *blockCache) disownLocked(b *block) {
 // block's. With demand (a reader is waiting for the block) it may also take
 // the oldest unread read-ahead blocks', and it blocks until a block is
 // unpinned.
-func (c *blockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
+func (c *BlockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
 	reclaimed := false
 	for {
 		if k := len(c.free); k > 0 && n == c.blockSize {
@@ -688,7 +665,7 @@ func (c *blockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
 }
 
 // evictLocked drops the least recently used block of l and returns it.
-func (c *blockCache) evictLocked(l *list.List) *block {
+func (c *BlockCache) evictLocked(l *list.List) *block {
 	e := l.Back()
 	if e == nil {
 		return nil
@@ -703,7 +680,7 @@ func (c *blockCache) evictLocked(l *list.List) *block {
 }
 
 // releaseBufLocked takes back a buffer no block holds any more.
-func (c *blockCache) releaseBufLocked(buf []byte) {
+func (c *BlockCache) releaseBufLocked(buf []byte) {
 	if int64(cap(buf)) == c.blockSize && !c.closed {
 		c.free = append(c.free, buf[:cap(buf)])
 	} else {
@@ -713,16 +690,16 @@ func (c *blockCache) releaseBufLocked(buf []byte) {
 }
 
 // dropBufLocked frees a buffer no block holds and no one has pinned.
-func (c *blockCache) dropBufLocked(buf []byte) {
+func (c *BlockCache) dropBufLocked(buf []byte) {
 	c.addUsedLocked(-int64(cap(buf)))
 	memory.FreeBlock(buf)
 }
 
-// close drops the read-ahead not started yet, frees every buffer not
+// Close drops the read-ahead not started yet, frees every buffer not
 // pinned now, and makes the cache free each remaining one when its pin
-// goes. A read after close still works, from a
+// goes. A read after Close still works, from a
 // buffer freed when the read is done. Call it once the mount is gone.
-func (c *blockCache) close() {
+func (c *BlockCache) Close() {
 	memory.Unregister(c)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -744,14 +721,14 @@ func (c *blockCache) close() {
 	c.cond.Broadcast()
 }
 
-// dropVersion forgets every block of one version of a blob (its content
+// DropVersion forgets every block of one version of a blob (its content
 // did not match its Content-MD5); a block pinned now is freed by its last
 // unpin.
-func (c *blockCache) dropVersion(name, etag string) {
+func (c *BlockCache) DropVersion(name, etag string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for key, b := range c.blocks {
-		if key.name != name || key.etag != etag {
+		if key.Name != name || key.ETag != etag {
 			continue
 		}
 		if b.queued {
@@ -769,14 +746,14 @@ func (c *blockCache) dropVersion(name, etag string) {
 	}
 }
 
-// usage is the memory the cache's blocks take.
-func (c *blockCache) usage() int64 {
+// Usage is the memory the cache's blocks take.
+func (c *BlockCache) Usage() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.used
 }
 
-func (c *blockCache) stats() (hits, misses uint64) {
+func (c *BlockCache) Stats() (hits, misses uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.hits, c.misses
@@ -784,21 +761,21 @@ func (c *blockCache) stats() (hits, misses uint64) {
 
 // addUsedLocked changes the bytes c's buffers take, here and in the
 // process's count.
-func (c *blockCache) addUsedLocked(delta int64) {
+func (c *BlockCache) addUsedLocked(delta int64) {
 	c.used += delta
 	memory.AddRead(delta)
 }
 
 // minShare is what a read cache may hold whatever the process-wide budget.
-func (c *blockCache) minShare() int64 { return 2 * c.blockSize }
+func (c *BlockCache) minShare() int64 { return 2 * c.blockSize }
 
 // budgetAllowsLocked tells whether n more bytes fit the process's budget.
-func (c *blockCache) budgetAllowsLocked(n int64) bool {
+func (c *BlockCache) budgetAllowsLocked(n int64) bool {
 	return memory.ReadAllows(c.used, c.minShare(), n)
 }
 
 // timedWaitLocked waits on c.cond, at most d.
-func (c *blockCache) timedWaitLocked(d time.Duration) {
+func (c *BlockCache) timedWaitLocked(d time.Duration) {
 	t := time.AfterFunc(d, func() {
 		c.mu.Lock()
 		c.cond.Broadcast()
@@ -811,7 +788,7 @@ func (c *blockCache) timedWaitLocked(d time.Duration) {
 // Reclaim gives up to n bytes of the cache's memory back to the process's
 // budget for another mount (memory.ReclaimRead): its free buffers, then
 // its least recently read blocks; never below its minShare.
-func (c *blockCache) Reclaim(n int64) (freed int64) {
+func (c *BlockCache) Reclaim(n int64) (freed int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for freed < n && c.used > c.minShare() {
