@@ -176,7 +176,7 @@ func (r *Report) SVG(w io.Writer) error {
 		if t := g.row.Target; g.listed == "" && (t.Min > 0 || t.Max > 0) {
 			tx := x(math.Max(t.Min, t.Max))
 			fmt.Fprintf(&b, `<line class="target" x1="%.2f" y1="%.2f" x2="%.2f" y2="%.2f" stroke="#d62728" stroke-width="2" stroke-dasharray="4 2"><title>target %s</title></line>`+"\n",
-				tx, g.y-3, tx, g.y+float64(len(g.bars))*chartBarPitch-2, esc(t.String()))
+				tx, g.y-3, tx, g.y+g.h, esc(t.String()))
 		}
 		b.WriteString("</g>\n")
 	}
