@@ -85,20 +85,22 @@ func (r Row) Met() (met, ok bool) {
 
 // Machine describes where the run happened.
 type Machine struct {
-	NProc     int
-	CPU       string
-	Kernel    string
-	Go        string // the toolchain that built the harness
-	Blobfs    string // `blobfs --version`
-	Azurite   string // the Server header of the endpoint
-	LoadStart string // /proc/loadavg at start and end: how busy the machine was
-	LoadEnd   string
+	NProc   int    `json:"nproc"`
+	CPU     string `json:"cpu"`
+	Kernel  string `json:"kernel"`
+	Go      string `json:"go"`      // the toolchain that built the harness
+	Blobfs  string `json:"blobfs"`  // `blobfs --version`
+	Azurite string `json:"azurite"` // the Server header of the endpoint
+	// LoadStart and LoadEnd are /proc/loadavg at start and end: how busy
+	// the machine was.
+	LoadStart string `json:"load_start"`
+	LoadEnd   string `json:"load_end"`
 }
 
 // ClientStatus tells whether another FUSE client was found.
 type ClientStatus struct {
-	Name string
-	Path string // empty: not installed
+	Name string `json:"name"`
+	Path string `json:"path"` // empty: not installed
 }
 
 // Report is a run's result.

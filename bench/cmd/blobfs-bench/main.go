@@ -6,6 +6,8 @@
 //	go run ./bench/cmd/blobfs-bench                 # the full run (1 GiB files, 3 repetitions)
 //	go run ./bench/cmd/blobfs-bench -quick          # a 64 MiB smoke run
 //	go run ./bench/cmd/blobfs-bench -figures seq-read,memory -reps 5
+//	go run ./bench/cmd/blobfs-bench -report-dir bench-report   # also report.{json,tsv,md,svg} there
+//	go run ./bench/cmd/blobfs-bench -figures random -report-dir bench-report -merge   # its rows added
 //
 // It needs root (mount(2), dropping the page cache) and a blobfs binary
 // (-blobfs, default bin/blobfs).
@@ -52,6 +54,8 @@ type options struct {
 	compareArgs string
 	quiet       bool
 	out         string
+	reportDir   string
+	merge       bool
 	cpuProfile  string
 	timeout     time.Duration
 }
@@ -89,6 +93,8 @@ func newFlags(c *bench.Config, o *options) *flag.FlagSet {
 	fl.StringVar(&c.FreshAzurite, "fresh-azurite", c.FreshAzurite, "shell command run before every Azurite figure but the first, and every seq-write and seq-write-own-cpu repetition, that leaves an empty Azurite at the endpoint, e.g. restarts an in-memory one (make bench sets it)")
 	fl.BoolVar(&o.quiet, "quiet", false, "no progress on stderr")
 	fl.StringVar(&o.out, "out", "", "also write the report to this file")
+	fl.StringVar(&o.reportDir, "report-dir", "", "also write the report into this directory as report.json, report.tsv, report.md and report.svg")
+	fl.BoolVar(&o.merge, "merge", false, "with -report-dir: add this run's figures to the report there (a figure in both takes this run's row) instead of replacing it")
 	fl.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (covers in-process mounts)")
 	fl.DurationVar(&o.timeout, "timeout", 2*time.Hour, "give up after this long")
 	return fl
@@ -122,6 +128,26 @@ func run(args []string) error {
 	c.Figures = figs
 	c.BlobfsArgs = strings.Fields(o.blobfsArgs)
 	c.CompareArgs = strings.Fields(o.compareArgs)
+	// Merging is asked for, never implied by a report.json being there:
+	// the directory outlives runs (make bench leaves bench-report/), and
+	// an implicit append would fold last week's rows into today's report.
+	// And it happens here, not in a separate merge command over two
+	// files, so that a two-part run (.ci/bench.sh) is two calls with one
+	// directory and no intermediate files. The earlier report is read and
+	// checked against this run's configuration before a run that may take
+	// an hour, not after it.
+	var earlier *bench.Report
+	if o.merge {
+		if o.reportDir == "" {
+			return errors.New("-merge needs -report-dir")
+		}
+		if earlier, err = bench.ReadReportDir(o.reportDir); err != nil {
+			return fmt.Errorf("-merge: %w", err)
+		}
+		if err := earlier.Accepts(c); err != nil {
+			return err
+		}
+	}
 	if !o.quiet {
 		c.Log = os.Stderr
 	}
@@ -149,6 +175,21 @@ func run(args []string) error {
 	}
 	if err := bench.WriteReport(rep.Markdown, o.out); err != nil {
 		return err
+	}
+	if o.reportDir != "" {
+		whole := rep
+		if earlier != nil {
+			if whole, err = bench.Merge(earlier, rep); err != nil {
+				return err
+			}
+		}
+		if err := bench.WriteReportDir(o.reportDir, whole); err != nil {
+			return err
+		}
+		if !o.quiet {
+			fmt.Fprintf(os.Stderr, "blobfs-bench: report in %s: %s, %s, %s, %s\n", o.reportDir,
+				bench.ReportJSONFile, bench.ReportTSVFile, bench.ReportMarkdownFile, bench.ReportSVGFile)
+		}
 	}
 	return rep.Err()
 }
