@@ -33,22 +33,24 @@ var allowedImports = map[string][]string{
 	"fusefs/memory": nil,
 	// Content-MD5 checks of whole reads.
 	"fusefs/contentsum": nil,
+	// The FUSE kernel connection: mounting, the session loop, adoption.
+	"fusefs/kernel": {"fusefs/memory"},
 	// The read side: block, chunk and disk caches over the store.
 	"fusefs/cache": {"blobstore", "fusefs/contentsum", "fusefs/memory"},
 	// The filesystem, its caches, uploads and the restart mechanism.
-	"fusefs": {"blobstore", "fusefs/cache", "fusefs/contentsum", "fusefs/internal/md5pair", "fusefs/memory"},
+	"fusefs": {"blobstore", "fusefs/cache", "fusefs/contentsum", "fusefs/internal/md5pair", "fusefs/kernel", "fusefs/memory"},
 	// Prometheus metrics of a mounted filesystem.
 	"fusefs/fsmetrics": {"blobstore", "fusefs"},
 	// The CSI driver: it mounts through fusefs, in-process.
-	"csi": {"blobstore", "fusefs", "fusefs/cache", "fusefs/fsmetrics", "fusefs/handoff"},
+	"csi": {"blobstore", "fusefs", "fusefs/cache", "fusefs/fsmetrics", "fusefs/handoff", "fusefs/kernel"},
 	// The one binary: mount, supervisor, keeper, CSI driver, registrar.
-	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/cache", "fusefs/fsmetrics", "fusefs/handoff", "fusefs/memory"},
+	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/cache", "fusefs/fsmetrics", "fusefs/handoff", "fusefs/kernel", "fusefs/memory"},
 	// Builds the driver's image without Docker.
 	"cmd/blobfs-image": nil,
 	// Throughput benchmarks and their commands.
-	"bench":                          {"blobstore", "fusefs", "fusefs/memory"},
+	"bench":                          {"blobstore", "fusefs", "fusefs/kernel", "fusefs/memory"},
 	"bench/cmd/blobfs-bench":         {"bench"},
-	"bench/cmd/blobfs-dirbench":      {"bench", "blobstore", "fusefs"},
+	"bench/cmd/blobfs-dirbench":      {"bench", "blobstore", "fusefs", "fusefs/kernel"},
 	"bench/cmd/blobfs-restart-bench": {"bench"},
 	// Manifests (tested, no code), and the end-to-end tests on a real
 	// kubelet.

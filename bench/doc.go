@@ -60,7 +60,7 @@
 //   - The in-process mounts (fuse, faulty-*) are read by goroutines of this
 //     process. That is safe only because fusefs disables FUSE poll and
 //     reads are never issued from a FUSE reader goroutine; see
-//     fusefs.Session.
+//     kernel.Session.
 //   - Azurite with --inMemoryPersistence frees deleted blobs only in its
 //     garbage collection pass, every 10 minutes. A full run uploads about
 //     ten times Config.Size; use an Azurite of your own (AZURITE_PORT=...

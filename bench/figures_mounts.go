@@ -18,6 +18,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 	"github.com/blobfs/blobfs/fusefs/memory"
 )
 
@@ -52,7 +53,7 @@ func ServeMountsChild() (bool, error) {
 	if err != nil {
 		return true, err
 	}
-	var sessions []*fusefs.Session
+	var sessions []*kernel.Session
 	var filesystems []*fusefs.FS
 	defer func() {
 		for _, s := range sessions {
@@ -68,7 +69,7 @@ func ServeMountsChild() (bool, error) {
 			return true, err
 		}
 		filesystems = append(filesystems, fsys)
-		s, err := fusefs.Mount(mp, fsys, fusefs.MountOptions{Logger: discardLogger})
+		s, err := kernel.Mount(mp, fsys, kernel.MountOptions{Logger: discardLogger})
 		if err != nil {
 			return true, err
 		}

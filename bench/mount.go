@@ -19,6 +19,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // mount is a live FUSE mount that a figure reads or writes through.
@@ -217,10 +218,10 @@ func (t *tailBuffer) String() string {
 }
 
 // inProcessMount is blobfs served by this process: fusefs.New over a
-// store, mounted with fusefs.Mount, default options.
+// store, mounted with kernel.Mount, default options.
 type inProcessMount struct {
 	fsys *fusefs.FS
-	sess *fusefs.Session
+	sess *kernel.Session
 }
 
 func mountInProcess(dir, cacheDir string, store blobstore.Store, opts fusefs.Options) (*inProcessMount, error) {
@@ -232,7 +233,7 @@ func mountInProcess(dir, cacheDir string, store blobstore.Store, opts fusefs.Opt
 	if err != nil {
 		return nil, err
 	}
-	sess, err := fusefs.Mount(dir, fsys, fusefs.MountOptions{FsName: "blobfs-bench", Logger: opts.Logger})
+	sess, err := kernel.Mount(dir, fsys, kernel.MountOptions{FsName: "blobfs-bench", Logger: opts.Logger})
 	if err != nil {
 		fsys.Close()
 		return nil, err
@@ -276,7 +277,7 @@ func (r *goFuseRoot) OnAdd(ctx context.Context) {
 }
 
 func mountGoFuse(dir string, data []byte) (*goFuseMount, error) {
-	// Same request size as blobfs (fusefs.MountOptions.MaxWrite's
+	// Same request size as blobfs (kernel.MountOptions.MaxWrite's
 	// default), mount(2) directly as blobfs does as root.
 	server, err := fs.Mount(dir, &goFuseRoot{data: data}, &fs.Options{MountOptions: fuse.MountOptions{
 		FsName:      "gofuse-reference",

@@ -18,6 +18,7 @@ import (
 	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/fsmetrics"
 	"github.com/blobfs/blobfs/fusefs/handoff"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // Mounter is what the node service needs to put volumes in place. The
@@ -56,7 +57,7 @@ type MountSpec struct {
 	VolumeID string
 	Azure    blobstore.AzureConfig
 	FS       fusefs.Options
-	Mount    fusefs.MountOptions
+	Mount    kernel.MountOptions
 	Retry    blobstore.RetryPolicy
 }
 
@@ -109,7 +110,7 @@ var _ Mounter = (*BlobfsMounter)(nil)
 // ended and the filesystem has uploaded what it could and closed.
 type liveMount struct {
 	fs   *fusefs.FS
-	sess *fusefs.Session
+	sess *kernel.Session
 	// state is the mount's state region (nil without a keeper).
 	state *os.File
 	done  chan struct{}
@@ -252,11 +253,11 @@ func (m *BlobfsMounter) serve(target string, dir *os.File, fuseFD int, state *os
 		served = m.metrics.InstrumentFS(fsys)
 		vol.Track(fsys)
 	}
-	var sess *fusefs.Session
+	var sess *kernel.Session
 	if fuseFD < 0 {
-		sess, err = fusefs.MountAt(dir, served, mo)
+		sess, err = kernel.MountAt(dir, served, mo)
 	} else {
-		sess, err = fusefs.Serve(target, fuseFD, served, mo)
+		sess, err = kernel.Serve(target, fuseFD, served, mo)
 	}
 	if err != nil {
 		if m.metrics != nil {
@@ -422,7 +423,7 @@ func mountDevice(mp *MountPoint) (string, error) {
 // that server died while a thread of its own waited on the mount (the
 // health check's statfs), the connection is still open and hangs every
 // request, the dead process never finishes exiting, and a lazy unmount
-// alone would leave both behind (fusefs.AbortConnection). Aborting a
+// alone would leave both behind (kernel.AbortConnection). Aborting a
 // connection that is aborted already changes nothing.
 func (m *BlobfsMounter) abortDead(mp *MountPoint) {
 	if _, mounted, err := mp.kind(); err != nil || !mounted {
@@ -447,7 +448,7 @@ func (m *BlobfsMounter) abortDead(mp *MountPoint) {
 			return // the same connection serves a mount of ours
 		}
 	}
-	if err := fusefs.AbortConnection(st.Dev_major, st.Dev_minor); err != nil {
+	if err := kernel.AbortConnection(st.Dev_major, st.Dev_minor); err != nil {
 		m.log.Debug("could not abort the dead mount's FUSE connection", "mountpoint", mp.Path, "err", err)
 		return
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // Volume parameters (StorageClass parameters, PV volumeAttributes, inline
@@ -516,7 +517,7 @@ func sanitizeContainerName(s string) string {
 // mountSettings are the per-volume settings from mount options.
 type mountSettings struct {
 	FS    fusefs.Options
-	Mount fusefs.MountOptions
+	Mount kernel.MountOptions
 	Retry blobstore.RetryPolicy
 	// Options is the canonical form, "name=value", sorted: what the node
 	// state records.
@@ -550,7 +551,7 @@ var blobfuseMountOptions = []string{
 func defaultMountSettings() mountSettings {
 	return mountSettings{
 		FS:    fusefs.Options{Umask: 0},
-		Mount: fusefs.MountOptions{AllowOther: true},
+		Mount: kernel.MountOptions{AllowOther: true},
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // TestPathStatusDeadFUSEMount: a FUSE mount whose server is gone reads as
@@ -35,7 +36,7 @@ func TestPathStatusDeadFUSEMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mp.Close()
-	sess, err := fusefs.Mount(mnt, fsys, fusefs.MountOptions{})
+	sess, err := kernel.Mount(mnt, fsys, kernel.MountOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // TestReplaceDeadViews: a process in a mount namespace of its own (as a
@@ -38,12 +39,12 @@ func TestReplaceDeadViews(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mount := func() (*fusefs.Session, *fusefs.FS) {
+	mount := func() (*kernel.Session, *fusefs.FS) {
 		fsys, err := fusefs.New(store, fusefs.Options{CacheDir: t.TempDir(), AttrTimeout: time.Minute, EntryTimeout: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
-		sess, err := fusefs.Mount(mnt, fsys, fusefs.MountOptions{})
+		sess, err := kernel.Mount(mnt, fsys, kernel.MountOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -288,12 +289,12 @@ func TestReplaceDeadViewsKeepsNestedMounts(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(cm, "key"), []byte("value\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			mount := func() (*fusefs.Session, *fusefs.FS) {
+			mount := func() (*kernel.Session, *fusefs.FS) {
 				fsys, err := fusefs.New(store, fusefs.Options{CacheDir: t.TempDir(), AttrTimeout: tc.entryTimeout, EntryTimeout: tc.entryTimeout})
 				if err != nil {
 					t.Fatal(err)
 				}
-				sess, err := fusefs.Mount(mnt, fsys, fusefs.MountOptions{})
+				sess, err := kernel.Mount(mnt, fsys, kernel.MountOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blobfs/blobfs/fusefs/kernel"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
@@ -34,11 +35,11 @@ func TestAbortConnection(t *testing.T) {
 	}
 	h := &hangingStatFs{RawFileSystem: fuse.NewDefaultRawFileSystem(), asked: make(chan struct{}), never: make(chan struct{})}
 	mnt := t.TempDir()
-	sess, err := Mount(mnt, h, MountOptions{})
+	sess, err := kernel.Mount(mnt, h, kernel.MountOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer Unmount(mnt, true)
+	defer kernel.Unmount(mnt, true)
 	var st unix.Statx_t
 	if err := unix.Statx(unix.AT_FDCWD, mnt, unix.AT_STATX_DONT_SYNC, 0, &st); err != nil {
 		t.Fatal(err)
@@ -54,7 +55,7 @@ func TestAbortConnection(t *testing.T) {
 		t.Fatalf("statfs returned (%v) before the abort", err)
 	case <-time.After(200 * time.Millisecond):
 	}
-	if err := AbortConnection(st.Dev_major, st.Dev_minor); err != nil {
+	if err := kernel.AbortConnection(st.Dev_major, st.Dev_minor); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -71,7 +72,7 @@ func TestAbortConnection(t *testing.T) {
 	}
 	close(h.never) // the handler returns; its answer goes nowhere
 	sess.Wait()
-	if err := AbortConnection(1, 2); err == nil {
+	if err := kernel.AbortConnection(1, 2); err == nil {
 		t.Error("AbortConnection accepted a device that is not anonymous")
 	}
 }

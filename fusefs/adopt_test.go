@@ -22,6 +22,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/cache"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // The test binary doubles as a serving process for the restart tests: with
@@ -102,7 +103,7 @@ func serveChild() error {
 			return err
 		}
 	}
-	sess, err := Serve(os.Getenv("BLOBFS_TEST_MOUNT"), 3, fsys, MountOptions{Logger: childLogger()})
+	sess, err := kernel.Serve(os.Getenv("BLOBFS_TEST_MOUNT"), 3, fsys, kernel.MountOptions{Logger: childLogger()})
 	if err != nil {
 		return err
 	}
@@ -365,7 +366,7 @@ func newRestartHarness(t *testing.T, env ...string) *restartHarness {
 		t.Fatal(err)
 	}
 	defer state.Close()
-	mp, fd, err := MountFD(t.TempDir(), MountOptions{})
+	mp, fd, err := kernel.MountFD(t.TempDir(), kernel.MountOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +394,7 @@ func newRestartHarness(t *testing.T, env ...string) *restartHarness {
 	t.Cleanup(func() {
 		h.cmds.Close()
 		h.launcher.Wait()
-		Unmount(h.mnt, true)
+		kernel.Unmount(h.mnt, true)
 	})
 	return h
 }

@@ -96,8 +96,8 @@ func (fs *FS) readContext(unique uint64, pid uint32) (ctx context.Context, done 
 // to report.
 func callerGone(ctx context.Context) bool { return ctx.Err() != nil }
 
-// interrupt is the session's FUSE_INTERRUPT for the request unique.
-func (fs *FS) interrupt(unique uint64) {
+// Interrupt is the session's FUSE_INTERRUPT for the request unique.
+func (fs *FS) Interrupt(unique uint64) {
 	r := &fs.reads
 	r.mu.Lock()
 	defer r.mu.Unlock()

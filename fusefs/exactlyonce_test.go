@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -616,10 +617,10 @@ func TestResentRequestsDirectly(t *testing.T) {
 // like one of a mounted filesystem.
 func fakeInit() []byte {
 	b := make([]byte, 104)
-	putLeUint32(b[0:], uint32(len(b)))
-	putLeUint32(b[4:], 26)
-	putLeUint32(b[40:], 7)
-	putLeUint32(b[44:], 31)
+	binary.LittleEndian.PutUint32(b[0:], uint32(len(b)))
+	binary.LittleEndian.PutUint32(b[4:], 26)
+	binary.LittleEndian.PutUint32(b[40:], 7)
+	binary.LittleEndian.PutUint32(b[44:], 31)
 	return b
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/contentsum"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // handle is an open file or directory, named by the id the kernel holds.
@@ -424,9 +425,9 @@ func (fs *FS) directRead(size int64) bool {
 	return fs.directIOMmap.Load() && fs.opts.DirectReadMinBytes > 0 && size >= fs.opts.DirectReadMinBytes && !fs.passthroughPossible()
 }
 
-// allowDirectIO is called by the Session serving fs once it knows whether
+// AllowDirectIOMmap is called by the Session serving fs once it knows whether
 // the kernel agreed to FUSE_DIRECT_IO_ALLOW_MMAP.
-func (fs *FS) allowDirectIO(ok bool) { fs.directIOMmap.Store(ok) }
+func (fs *FS) AllowDirectIOMmap(ok bool) { fs.directIOMmap.Store(ok) }
 
 func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
 	dir, dirPath, st := fs.node(in.NodeId)
@@ -610,14 +611,14 @@ func (fs *FS) readStored(ctx context.Context, random bool, path, etag string, si
 
 // readCached answers a READ from the block cache. Within one block, the
 // answer is the block itself, pinned until the reply is written
-// (cachedRead): no copy into buf. Across two, the bytes are copied.
+// (kernel.ZeroCopyRead): no copy into buf. Across two, the bytes are copied.
 func (fs *FS) readCached(ctx context.Context, path, etag string, size int64, buf []byte, off int64) (fuse.ReadResult, error) {
 	r, ok, err := fs.blocks.Pin(ctx, path, etag, size, off, len(buf))
 	if err != nil {
 		return nil, err
 	}
 	if ok {
-		return &cachedRead{r: r}, nil
+		return kernel.ZeroCopyRead(r), nil
 	}
 	n, err := fs.blocks.Read(ctx, path, etag, size, buf, off)
 	return fuse.ReadResultData(buf[:n]), err

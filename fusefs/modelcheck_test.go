@@ -47,6 +47,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // The budget of TestModel in `go test ./...` unless -rapid.checks or
@@ -1085,7 +1086,7 @@ func (c *checker) remountA() {
 			c.slots[s] = nil
 		}
 	}
-	Unmount(old.mnt, true)
+	kernel.Unmount(old.mnt, true)
 	c.h.served.cmds.Close()
 	c.h.serveA()
 	c.remountedA()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // Test loggers: quiet unless -v, and one that keeps what it logged.
@@ -41,7 +42,7 @@ func mountStore(t testing.TB, store blobstore.Store, opts Options) (string, *FS)
 		t.Fatal(err)
 	}
 	mnt := t.TempDir()
-	sess, err := Mount(mnt, fsys, MountOptions{Logger: opts.Logger})
+	sess, err := kernel.Mount(mnt, fsys, kernel.MountOptions{Logger: opts.Logger})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,9 +99,9 @@ type passthrough struct {
 	opens atomic.Int64
 }
 
-// allowPassthrough is called by the Session serving fs once it knows
+// AllowPassthrough is called by the Session serving fs once it knows
 // whether the kernel granted FUSE_PASSTHROUGH on the connection devFD.
-func (fs *FS) allowPassthrough(devFD int, ok bool) {
+func (fs *FS) AllowPassthrough(devFD int, ok bool) {
 	fs.passthrough.devFD.Store(int64(devFD))
 	fs.passthrough.on.Store(ok && fs.disk != nil && fs.opts.ReadOnly)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
 	"github.com/blobfs/blobfs/fusefs/cache"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // A sequential reader's first 1 MiB read puts the whole read-ahead window
@@ -143,7 +144,7 @@ func TestReadRepliesFromCacheBlocks(t *testing.T) {
 	data := pattern(3*block+block/2, 7)
 	putBlob(t, mem, "f", data, nil)
 	mnt, fsys := mountStore(t, mem, Options{ReadBlockSize: block, BlockCacheBytes: 8 * block})
-	before := zeroCopyReplies.Load()
+	before := kernel.ZeroCopyReplies()
 	f, err := os.Open(join(mnt, "f"))
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +163,7 @@ func TestReadRepliesFromCacheBlocks(t *testing.T) {
 		}
 	}
 	f.Close()
-	if zeroCopyReplies.Load() == before {
+	if kernel.ZeroCopyReplies() == before {
 		t.Fatal("no READ was answered from the cache's blocks")
 	}
 	if n := fsys.blocks.PinnedBlocks(); n != 0 {

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // loneServeEnv makes the test binary mount and serve by itself, with no
@@ -35,7 +36,7 @@ func serveAlone() error {
 		return err
 	}
 	crashFromEnv(fsys)
-	sess, err := Mount(os.Getenv(loneServeEnv), fsys, MountOptions{Logger: childLogger()})
+	sess, err := kernel.Mount(os.Getenv(loneServeEnv), fsys, kernel.MountOptions{Logger: childLogger()})
 	if err != nil {
 		return err
 	}
@@ -60,7 +61,7 @@ func startLoneServer(t *testing.T, mp, storeDir, cache string, env ...string) *e
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); Unmount(mp, true) })
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); kernel.Unmount(mp, true) })
 	if line, _ := bufio.NewReader(out).ReadString('\n'); strings.TrimSpace(line) != "ready" {
 		t.Fatalf("serving process: %q", line)
 	}
@@ -155,7 +156,7 @@ func TestLostSessionSpillFilesRecovered(t *testing.T) {
 	for _, h := range open {
 		h.Close() // ENOTCONN: nobody serves
 	}
-	if err := Unmount(mp, true); err != nil {
+	if err := kernel.Unmount(mp, true); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(spillFiles(t, cache)); n == 0 {
@@ -480,7 +481,7 @@ func TestLostSessionRenameFinished(t *testing.T) {
 		t.Fatal("the rename succeeded: the serving process did not die at its crash point")
 	}
 	cmd.Wait()
-	if err := Unmount(mp, true); err != nil {
+	if err := kernel.Unmount(mp, true); err != nil {
 		t.Fatal(err)
 	}
 	wantBlob(t, local, "f.tmp", data) // both names, as the dead process left them

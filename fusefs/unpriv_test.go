@@ -15,6 +15,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // The user the unprivileged checks run as, and its groups: its own and one
@@ -116,7 +117,7 @@ func checkUnprivileged(t *testing.T, s blobstore.Store, bin, dir string) {
 		t.Fatal(err)
 	}
 	os.Chmod(mnt, 0o755)
-	sess, err := Mount(mnt, fsys, MountOptions{AllowOther: true, Logger: testLogger(t)})
+	sess, err := kernel.Mount(mnt, fsys, kernel.MountOptions{AllowOther: true, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 func storeHas(t *testing.T, s blobstore.Store, name string, want []byte) bool {
@@ -294,7 +295,7 @@ func TestWriteBackAbandonedAtClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	mnt := t.TempDir()
-	sess, err := Mount(mnt, fsys, MountOptions{Logger: testLogger(t)})
+	sess, err := kernel.Mount(mnt, fsys, kernel.MountOptions{Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

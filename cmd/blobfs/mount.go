@@ -25,6 +25,7 @@ import (
 	"github.com/blobfs/blobfs/fusefs"
 	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/fsmetrics"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // mountConfig is everything `blobfs mount` is told, from flags and the
@@ -44,7 +45,7 @@ type mountConfig struct {
 	uploadMB    int64
 	umask       uint
 	uid, gid    int
-	mount       fusefs.MountOptions
+	mount       kernel.MountOptions
 	fg          bool
 	log         logFlags
 	checkTime   time.Duration
@@ -576,11 +577,11 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 		vol.Track(fsys)
 		defer metrics.Untrack(fsys)
 	}
-	var sess *fusefs.Session
+	var sess *kernel.Session
 	if kept == nil {
-		sess, err = fusefs.Mount(mp, served, mo)
+		sess, err = kernel.Mount(mp, served, mo)
 	} else {
-		sess, err = fusefs.Serve(mp, kept.fuseFD, served, mo)
+		sess, err = kernel.Serve(mp, kept.fuseFD, served, mo)
 	}
 	if err != nil {
 		ready(err, "")
@@ -621,7 +622,7 @@ func setMemoryLimit(fo fusefs.Options) {
 // serveUntilEnd serves the mount until it is unmounted from outside, or a
 // signal ends ctx: then dirty files are uploaded and the mount unmounted
 // (lazily, with c.grace for the files still open, when it is busy).
-func serveUntilEnd(ctx context.Context, c *mountConfig, mp string, logger *slog.Logger, fsys *fusefs.FS, sess *fusefs.Session) error {
+func serveUntilEnd(ctx context.Context, c *mountConfig, mp string, logger *slog.Logger, fsys *fusefs.FS, sess *kernel.Session) error {
 	done := make(chan error, 1)
 	go func() { done <- sess.Wait() }()
 	select {
@@ -648,7 +649,7 @@ func serveUntilEnd(ctx context.Context, c *mountConfig, mp string, logger *slog.
 		// and serve the open files a little longer, then upload what
 		// they wrote meanwhile and go.
 		logger.Warn("mount busy; detaching lazily", "err", err, "grace", c.grace)
-		if err := fusefs.Unmount(mp, true); err != nil {
+		if err := kernel.Unmount(mp, true); err != nil {
 			return fmt.Errorf("unmount %s: %w", mp, err)
 		}
 		select {
@@ -803,14 +804,14 @@ func unmountPath(mp string, lazy bool) error {
 	case mi.FsType != blobfsFsType:
 		return fmt.Errorf("unmount: %s is a mount of type %s (source %q), not blobfs; refusing", abs, mi.FsType, mi.Source)
 	}
-	err = fusefs.Unmount(abs, lazy)
+	err = kernel.Unmount(abs, lazy)
 	// A file closed just before keeps the mount busy until blobfs has
 	// answered the kernel's RELEASE for it, which the kernel sends after
 	// close returns: `cp f /mnt && blobfs unmount /mnt` would often fail.
 	// A short wait tells that apart from a process holding a file.
 	for deadline := time.Now().Add(unmountBusyWait); errors.Is(err, syscall.EBUSY) && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
-		err = fusefs.Unmount(abs, lazy)
+		err = kernel.Unmount(abs, lazy)
 	}
 	switch {
 	case err == nil:

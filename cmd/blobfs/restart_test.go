@@ -26,7 +26,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
-	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // These tests prove blobfs's headline promise with real processes: a CSI
@@ -216,7 +216,7 @@ func (r *restartRig) stopDriver(sig syscall.Signal) {
 		for _, p := range mountsUnder(r.t, r.kubelet) {
 			var st unix.Statx_t
 			if unix.Statx(unix.AT_FDCWD, p, unix.AT_STATX_DONT_SYNC|unix.AT_SYMLINK_NOFOLLOW, 0, &st) == nil {
-				fusefs.AbortConnection(st.Dev_major, st.Dev_minor)
+				kernel.AbortConnection(st.Dev_major, st.Dev_minor)
 			}
 		}
 		<-exited

@@ -3,13 +3,13 @@ package main
 // Background mounts: a supervisor and a worker.
 //
 // `blobfs mount` without --foreground detaches a supervisor. The supervisor
-// makes the mount (fusefs.MountFD) and a state region (fusefs.NewState) and
+// makes the mount (kernel.MountFD) and a state region (fusefs.NewState) and
 // holds both for the mount's whole life; a worker process, this same binary
 // in the hidden mode `mount-worker`, serves the mount from them. While the
 // supervisor holds the /dev/fuse descriptor, the kernel keeps the mount
 // alive when the worker dies: requests wait in the kernel's queue. The
 // supervisor then starts a new worker, which rebuilds its tables from the
-// state region, adopts the live mount (fusefs.Serve) and answers what
+// state region, adopts the live mount (kernel.Serve) and answers what
 // waited, including, with FUSE_NOTIFY_RESEND, the requests the dead worker
 // had taken. The supervisor never opens a file on the mount and never
 // touches the store after its pre-mount check: little in it can crash, and
@@ -49,6 +49,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // The worker's inherited descriptors.
@@ -179,7 +180,7 @@ func supervise(c *mountConfig, mp string, args []string, ready func(error, strin
 	mo.ReadOnly = c.fs.ReadOnly
 	mo.FsName = c.fsName()
 	mo.Logger = logger
-	_, fd, err := fusefs.MountFD(mp, mo)
+	_, fd, err := kernel.MountFD(mp, mo)
 	if err != nil {
 		return err
 	}
@@ -327,7 +328,7 @@ func (l *superviseLoop) workerExited(err error) (done bool, result error) {
 	l.w, l.down = nil, time.Now()
 	if l.first {
 		// Never served: the mount is useless; say why.
-		fusefs.Unmount(s.mp, true)
+		kernel.Unmount(s.mp, true)
 		if l.readyErr != nil {
 			return true, l.readyErr
 		}
@@ -479,7 +480,7 @@ func (s *supervisor) hangUp(w *worker) {
 // abandon ends the supervisor when no worker can finish the mount: it
 // detaches the mount (so that nothing hangs on it) and says what is lost.
 func (s *supervisor) abandon(why string) error {
-	err := fusefs.Unmount(s.mp, true)
+	err := kernel.Unmount(s.mp, true)
 	if err != nil && !errors.Is(err, syscall.EINVAL) { // EINVAL: not mounted any more
 		s.log.Warn("lazy unmount", "err", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // value gathers m and returns the value of the series name{volume=vol}.
@@ -69,7 +70,7 @@ func TestVolumeGauges(t *testing.T) {
 	defer fsys.Close()
 	vol.Track(fsys)
 	mnt := t.TempDir()
-	sess, err := fusefs.Mount(mnt, m.InstrumentFS(fsys), fusefs.MountOptions{})
+	sess, err := kernel.Mount(mnt, m.InstrumentFS(fsys), kernel.MountOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +169,7 @@ func TestLsLongCostPerEntry(t *testing.T) {
 	}
 	defer fsys.Close()
 	mnt := t.TempDir()
-	sess, err := fusefs.Mount(mnt, m.InstrumentFS(fsys), fusefs.MountOptions{})
+	sess, err := kernel.Mount(mnt, m.InstrumentFS(fsys), kernel.MountOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
 // runMemoryTree times find over a tree on the memory store with latency
@@ -108,7 +109,7 @@ func inProcessMount(store blobstore.Store, opts fusefs.Options, f func(mnt strin
 		return err
 	}
 	defer fsys.Close()
-	sess, err := fusefs.Mount(mnt, fsys, fusefs.MountOptions{})
+	sess, err := kernel.Mount(mnt, fsys, kernel.MountOptions{})
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package fusefs
+package kernel
 
 import (
 	"errors"
@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/memory"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -341,8 +340,8 @@ const allowMmapMark = "\x00blobfs:direct-io-allow-mmap"
 // allowDirectIO tells the filesystem, if it cares, whether the kernel
 // connection lets FOPEN_DIRECT_IO files be mapped shared.
 func (s *Session) allowDirectIO(ok bool) {
-	if d, isFS := s.fs.(interface{ allowDirectIO(bool) }); isFS {
-		d.allowDirectIO(ok)
+	if d, isFS := s.fs.(DirectIOAware); isFS {
+		d.AllowDirectIOMmap(ok)
 	}
 }
 
@@ -350,8 +349,8 @@ func (s *Session) allowDirectIO(ok bool) {
 // offered FUSE_PASSTHROUGH, which go-fuse's INIT reply always takes (with
 // a stack depth of 1), and the connection's descriptor for its ioctls.
 func (s *Session) allowPassthrough(ok bool) {
-	if p, isFS := s.fs.(interface{ allowPassthrough(int, bool) }); isFS {
-		p.allowPassthrough(s.fd, ok)
+	if p, isFS := s.fs.(PassthroughAware); isFS {
+		p.AllowPassthrough(s.fd, ok)
 	}
 }
 
@@ -469,9 +468,9 @@ func leUint32(b []byte) uint32 {
 // blocks after the header in out.
 func (s *Session) reply(req, out []byte, slot *replySlot) error {
 	if len(req) >= 16 && leUint32(req[4:8]) == opInterrupt {
-		if fs, ok := s.fs.(interface{ interrupt(unique uint64) }); ok && len(req) >= 48 {
-			// Watched, not answered (callerdeath.go).
-			fs.interrupt(uint64(leUint32(req[40:44])) | uint64(leUint32(req[44:48]))<<32)
+		if fs, ok := s.fs.(Interrupter); ok && len(req) >= 48 {
+			// Watched, not answered (fusefs/callerdeath.go).
+			fs.Interrupt(uint64(leUint32(req[40:44])) | uint64(leUint32(req[44:48]))<<32)
 			return nil
 		}
 		return s.refuseInterrupt(req)
@@ -577,15 +576,25 @@ func (s *Session) serve() {
 // 1 GiB read from Azurite, perf).
 type replySlot struct {
 	key     uintptr
-	pending *cache.PinnedRange // set by Readv, taken by Session.reply
-	iov     [2][]byte          // the writev's header and data
+	pending Pinned    // set by Readv, taken by Session.reply
+	iov     [2][]byte // the writev's header and data
 }
 
-// cachedRead is a READ's answer from one block of the block cache (a
-// fuse.ReadResult): its bytes go to the kernel straight from the block
-// when the session reading the request offers a reply slot (see Readv).
+// Pinned is bytes held for a READ's reply (a block of a cache, pinned)
+// until Release.
+type Pinned interface {
+	Data() []byte
+	Release()
+}
+
+// ZeroCopyRead answers a READ with p's bytes: written to the kernel
+// straight from them when the session reading the request offers a reply
+// slot (see Readv), else copied; p is released once the reply is written.
+func ZeroCopyRead(p Pinned) fuse.ReadResult { return &cachedRead{r: p} }
+
+// cachedRead is ZeroCopyRead's fuse.ReadResult.
 type cachedRead struct {
-	r *cache.PinnedRange
+	r Pinned
 	// handedOff: Readv gave the range to a session's reply slot, which
 	// releases it once written; Done must not.
 	handedOff bool
@@ -632,9 +641,12 @@ func (c *cachedRead) Done() {
 // range pending, set and taken on the reader's goroutine.
 var replySlots sync.Map // uintptr -> *replySlot
 
-// zeroCopyReplies counts READ replies written from the block cache's
-// blocks, for tests.
+// zeroCopyReplies counts READ replies written from pinned bytes.
 var zeroCopyReplies atomic.Uint64
+
+// ZeroCopyReplies counts the READ replies the process wrote straight from
+// pinned bytes, without a copy into a reply buffer.
+func ZeroCopyReplies() uint64 { return zeroCopyReplies.Load() }
 
 // replyPayloadOffset is where a READ reply's data starts in the reply
 // buffer: after the fuse_out_header, READ having no other out struct.
@@ -957,3 +969,18 @@ func AbortConnection(devMajor, devMinor uint32) error {
 	}
 	return nil
 }
+
+// Optional interfaces of a file system a Session serves.
+type (
+	// DirectIOAware learns whether the kernel connection lets
+	// FOPEN_DIRECT_IO files be mapped shared.
+	DirectIOAware interface{ AllowDirectIOMmap(ok bool) }
+	// PassthroughAware learns whether the kernel offered FUSE_PASSTHROUGH,
+	// and the connection's descriptor for its ioctls.
+	PassthroughAware interface {
+		AllowPassthrough(devFD int, ok bool)
+	}
+	// Interrupter is handed each FUSE_INTERRUPT (the request's unique)
+	// instead of the session refusing it.
+	Interrupter interface{ Interrupt(unique uint64) }
+)
