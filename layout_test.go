@@ -33,12 +33,14 @@ var allowedImports = map[string][]string{
 	"fusefs/memory": nil,
 	// Content-MD5 checks of whole reads.
 	"fusefs/contentsum": nil,
+	// The state region's format: what a server journals for its successor.
+	"fusefs/journal": nil,
 	// The FUSE kernel connection: mounting, the session loop, adoption.
 	"fusefs/kernel": {"fusefs/memory"},
 	// The read side: block, chunk and disk caches over the store.
 	"fusefs/cache": {"blobstore", "fusefs/contentsum", "fusefs/memory"},
 	// The filesystem, its caches, uploads and the restart mechanism.
-	"fusefs": {"blobstore", "fusefs/cache", "fusefs/contentsum", "fusefs/internal/md5pair", "fusefs/kernel", "fusefs/memory"},
+	"fusefs": {"blobstore", "fusefs/cache", "fusefs/contentsum", "fusefs/internal/md5pair", "fusefs/journal", "fusefs/kernel", "fusefs/memory"},
 	// Prometheus metrics of a mounted filesystem.
 	"fusefs/fsmetrics": {"blobstore", "fusefs"},
 	// The CSI driver: it mounts through fusefs, in-process.

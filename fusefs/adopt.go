@@ -5,6 +5,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/blobfs/blobfs/fusefs/journal"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
@@ -13,11 +14,11 @@ import (
 // duplicate of it, with the /dev/fuse fd, in a process that outlives the
 // server (the keeper).
 func NewState() (*os.File, error) {
-	r, err := newStateRegion()
+	r, err := journal.NewRegion()
 	if err != nil {
 		return nil, err
 	}
-	return r.f, nil
+	return r.File(), nil
 }
 
 // journalSpillRemoval records that n's spill file at spillPath is about to
@@ -29,7 +30,7 @@ func (fs *FS) journalSpillRemoval(n *node, spillPath string) {
 		return
 	}
 	n.fileRecord = nil
-	fs.nodes.state.append(fileRecord(spillRemovedRecord(nil, spillPath), n.id, "", "", false, false, ""))
+	fs.nodes.state.Append(journal.FileRecord(journal.SpillRemovedRecord(nil, spillPath), n.id, "", "", false, false, ""))
 }
 
 // journalFile records n's spill file state (path "" once there is none).
@@ -40,13 +41,13 @@ func (fs *FS) journalFile(n *node, spillPath, baseETag string, dirty, exclusive 
 	if fs.nodes.state == nil {
 		return
 	}
-	rec := fileRecord(nil, n.id, spillPath, baseETag, dirty, exclusive, commitNonce)
+	rec := journal.FileRecord(nil, n.id, spillPath, baseETag, dirty, exclusive, commitNonce)
 	if spillPath == "" {
 		n.fileRecord = nil
 	} else {
 		n.fileRecord = rec
 	}
-	fs.nodes.state.append(rec)
+	fs.nodes.state.Append(rec)
 }
 
 // tableRecords adds the handle table and the intents to a checkpoint.
@@ -54,33 +55,33 @@ func (fs *FS) tableRecords(dst []byte) []byte {
 	for _, h := range fs.handles {
 		dst = handleRecord(dst, h)
 	}
-	return fs.intents.records(dst)
+	return fs.intents.Records(dst)
 }
 
 // attachState journals into the region in opts.State, first rebuilding the
 // tables from it when a previous process left them there.
 func (fs *FS) attachState(f *os.File) error {
-	region, saved, err := readStateRegion(f)
+	region, saved, err := journal.ReadRegion(f)
 	if err != nil {
 		return err
 	}
 	fs.nodes.state = region
 	fs.nodes.onCheckpoint = fs.tableRecords
-	if len(saved.init) == 0 {
+	if len(saved.Init) == 0 {
 		return nil // a fresh region
 	}
-	fs.adoptInit = saved.init
+	fs.adoptInit = saved.Init
 	return fs.restore(saved)
 }
 
 // restore rebuilds the node, handle and open-file tables. Attributes are
 // not saved: every restored node is revalidated on first use.
-func (fs *FS) restore(saved *savedState) error {
+func (fs *FS) restore(saved *journal.Saved) error {
 	t := fs.nodes
 	state := t.state
 	t.state = nil // replaying, not journaling
 	defer func() { t.state = state }()
-	fs.intents = saved.intents
+	fs.intents = saved.Intents
 	fs.restoreNodes(saved)
 	fs.removeJournaledSpills(saved)
 	if err := fs.restoreFiles(saved); err != nil {
@@ -98,49 +99,49 @@ func (fs *FS) restore(saved *savedState) error {
 		t.maybeDrop(of.n)
 		fs.mu.Unlock()
 	}
-	fs.log.Info("state restored", "nodes", len(t.byID), "handles", len(fs.handles), "open_files", len(saved.files))
+	fs.log.Info("state restored", "nodes", len(t.byID), "handles", len(fs.handles), "open_files", len(saved.Files))
 	return nil
 }
 
 // restoreNodes rebuilds the node table: ids, kinds, lookups and names.
-func (fs *FS) restoreNodes(saved *savedState) {
+func (fs *FS) restoreNodes(saved *journal.Saved) {
 	t := fs.nodes
-	for id, sn := range saved.nodes {
+	for id, sn := range saved.Nodes {
 		if id == fuse.FUSE_ROOT_ID {
 			continue
 		}
-		t.byID[id] = &node{id: id, kind: sn.kind, lookups: sn.lookups, name: sn.name, inStore: true}
+		t.byID[id] = &node{id: id, kind: nodeKind(sn.Kind), lookups: sn.Lookups, name: sn.Name, inStore: true}
 	}
-	for id, sn := range saved.nodes {
+	for id, sn := range saved.Nodes {
 		n := t.byID[id]
-		if n == nil || sn.parent == 0 {
+		if n == nil || sn.Parent == 0 {
 			continue
 		}
-		if _, ok := t.byID[sn.parent]; !ok {
-			fs.log.Warn("state: node's parent is gone; detached", "node", id, "name", sn.name)
+		if _, ok := t.byID[sn.Parent]; !ok {
+			fs.log.Warn("state: node's parent is gone; detached", "node", id, "name", sn.Name)
 			continue
 		}
-		if other := t.child(sn.parent, sn.name); other != nil {
-			fs.log.Warn("state: name bound twice; keeping the newer node", "name", sn.name)
+		if other := t.child(sn.Parent, sn.Name); other != nil {
+			fs.log.Warn("state: name bound twice; keeping the newer node", "name", sn.Name)
 			if other.id > id {
 				continue
 			}
 			t.unlink(other)
 		}
-		t.link(n, sn.parent, sn.name)
+		t.link(n, sn.Parent, sn.Name)
 	}
-	t.nextID = max(t.nextID, saved.nextID)
-	fs.nextHandle = max(fs.nextHandle, saved.nextHandle)
+	t.nextID = max(t.nextID, saved.NextID)
+	fs.nextHandle = max(fs.nextHandle, saved.NextHandle)
 }
 
 // removeJournaledSpills removes the spill files whose removal a dead
 // process journaled and perhaps did not get to.
-func (fs *FS) removeJournaledSpills(saved *savedState) {
+func (fs *FS) removeJournaledSpills(saved *journal.Saved) {
 	live := map[string]bool{}
-	for _, sf := range saved.files {
-		live[sf.spillPath] = true
+	for _, sf := range saved.Files {
+		live[sf.SpillPath] = true
 	}
-	for _, path := range saved.removedSpills {
+	for _, path := range saved.RemovedSpills {
 		if !live[path] {
 			if err := os.Remove(path); err == nil {
 				fs.log.Debug("state: removed a spill file its process did not get to", "spill", path)
@@ -151,35 +152,35 @@ func (fs *FS) removeJournaledSpills(saved *savedState) {
 
 // restoreFiles reopens the spill file of every open file, with the
 // condition of its next commit.
-func (fs *FS) restoreFiles(saved *savedState) error {
+func (fs *FS) restoreFiles(saved *journal.Saved) error {
 	t := fs.nodes
-	for id, sf := range saved.files {
+	for id, sf := range saved.Files {
 		n := t.byID[id]
 		if n == nil {
 			continue
 		}
-		f, err := os.OpenFile(sf.spillPath, os.O_RDWR, 0)
+		f, err := os.OpenFile(sf.SpillPath, os.O_RDWR, 0)
 		if err != nil {
 			// The data of an open file is gone: nothing can bring it
 			// back; say so loudly.
-			fs.log.Error("state: spill file of an open file is missing", "node", id, "spill", sf.spillPath, "err", err)
+			fs.log.Error("state: spill file of an open file is missing", "node", id, "spill", sf.SpillPath, "err", err)
 			continue
 		}
 		st, err := f.Stat()
 		if err != nil {
 			f.Close()
-			return fmt.Errorf("spill %s: %w", sf.spillPath, err)
+			return fmt.Errorf("spill %s: %w", sf.SpillPath, err)
 		}
-		of := &openFile{fs: fs, n: n, spill: f, spillPath: sf.spillPath, baseETag: sf.baseETag, exclusive: sf.exclusive, commitNonce: sf.commitNonce}
+		of := &openFile{fs: fs, n: n, spill: f, spillPath: sf.SpillPath, baseETag: sf.BaseETag, exclusive: sf.Exclusive, commitNonce: sf.CommitNonce}
 		if rec, ok := readSpillRecord(f); ok {
-			if sf.baseETag == "" {
+			if sf.BaseETag == "" {
 				of.openETag = rec.IfMatch // the region does not keep it
 			}
 			// Unlinked, or replaced by a rename, through the mount while
 			// open: it lives on without a name, and nothing of it is
 			// uploaded (commit), in this process as in the dead one.
 			of.unlinked = rec.Unlinked
-			if t, ok := metaMtime(rec.Attrs); ok && sf.dirty {
+			if t, ok := metaMtime(rec.Attrs); ok && sf.Dirty {
 				of.mtime = &t // set by a utime, waiting for the commit
 			}
 			if len(rec.Attrs) > 0 {
@@ -190,47 +191,47 @@ func (fs *FS) restoreFiles(saved *savedState) error {
 		}
 		of.setSizeLocked(st.Size())
 		of.hasSpill.Store(true)
-		if sf.dirty {
+		if sf.Dirty {
 			of.gen = 1
-			if sf.baseETag == "" {
+			if sf.BaseETag == "" {
 				n.inStore = false // possibly created and never uploaded
 			}
 		}
 		n.file = of
-		n.fileRecord = fileRecord(nil, id, sf.spillPath, sf.baseETag, sf.dirty, sf.exclusive, sf.commitNonce)
+		n.fileRecord = journal.FileRecord(nil, id, sf.SpillPath, sf.BaseETag, sf.Dirty, sf.Exclusive, sf.CommitNonce)
 	}
 	return nil
 }
 
 // restoreHandles rebuilds the handle table, and each open file's count of
 // handles and writers and each node's I/O mode.
-func (fs *FS) restoreHandles(saved *savedState) {
+func (fs *FS) restoreHandles(saved *journal.Saved) {
 	t := fs.nodes
-	for fh, sh := range saved.handles {
-		n := t.byID[sh.node]
+	for fh, sh := range saved.Handles {
+		n := t.byID[sh.Node]
 		if n == nil {
 			continue
 		}
-		h := &handle{id: fh, n: n, write: sh.write, io: sh.io, opened: sh.opened}
-		if !sh.dir {
+		h := &handle{id: fh, n: n, write: sh.Write, io: sh.IO, opened: sh.Opened}
+		if !sh.Dir {
 			if n.file == nil {
 				n.file = &openFile{fs: fs, n: n}
 			}
 			h.of = n.file
 			n.file.refs++
-			if sh.write {
+			if sh.Write {
 				n.file.writers++
 			}
-			switch sh.io {
-			case ioCached, ioDirect:
+			switch sh.IO {
+			case journal.IOCached, journal.IODirect:
 				// A direct-I/O handle counts as cached here: an mmap of
 				// it put the inode in cached mode, unseen (passthrough.go).
 				n.io.cached++
-			case ioPassthrough:
+			case journal.IOPassthrough:
 				// The kernel still reads the backing file, and new
 				// opens must join it (passthrough.go).
 				n.io.passthrough++
-				n.io.backingID = sh.backingID
+				n.io.backingID = sh.BackingID
 			}
 		}
 		fs.handles[fh] = h
@@ -278,5 +279,5 @@ func (fs *FS) SaveInit(init []byte) error {
 	if fs.nodes.state == nil {
 		return nil
 	}
-	return fs.nodes.state.setInit(init)
+	return fs.nodes.state.SetInit(init)
 }

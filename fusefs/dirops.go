@@ -10,6 +10,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/journal"
 )
 
 // dirItem is one name of a directory pass or listing.
@@ -162,7 +163,7 @@ func (fs *FS) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fus
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	h := fs.newHandleLocked(n, nil, false, ioCached, openReply{})
+	h := fs.newHandleLocked(n, nil, false, journal.IOCached, journal.OpenReply{})
 	out.Fh = h.id
 	return fuse.OK
 }

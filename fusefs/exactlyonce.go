@@ -9,6 +9,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/journal"
 )
 
 // Exactly once across a restart.
@@ -50,101 +51,25 @@ import (
 // (FUSE_UNIQUE_RESEND).
 const resendBit = 1 << 63
 
-// maxIntents bounds the intents kept (see above).
-const maxIntents = 1024
-
 // opCreate is FUSE_CREATE: an unfinished create leaves a spill file that
 // restore must not upload.
 const opCreate = 35
 
-// intent is a namespace change journaled before it touched the store.
-type intent struct {
-	unique    uint64 // the request's unique without resendBit
-	op        uint32 // FUSE opcode
-	parent    uint64 // directory of name
-	newParent uint64 // rename: directory of newName
-	name      string
-	newName   string
-
-	done bool   // the change completed
-	node uint64 // the node id its reply carries (mkdir, mknod, symlink, create)
-	fh   uint64 // create: the handle its reply carries
-}
-
-// intentLog holds the intents, oldest first. Guarded by FS.mu.
-type intentLog struct {
-	byUnique map[uint64]*intent
-	order    []uint64 // may hold uniques already dropped
-}
-
-func newIntentLog() *intentLog { return &intentLog{byUnique: map[uint64]*intent{}} }
-
-func (l *intentLog) get(unique uint64) (intent, bool) {
-	it, ok := l.byUnique[unique]
-	if !ok {
-		return intent{}, false
-	}
-	return *it, true
-}
-
-func (l *intentLog) put(it intent) {
-	if _, ok := l.byUnique[it.unique]; !ok {
-		l.order = append(l.order, it.unique)
-	}
-	l.byUnique[it.unique] = &it
-	for len(l.byUnique) > maxIntents {
-		delete(l.byUnique, l.order[0])
-		l.order = l.order[1:]
-	}
-	if len(l.order) > 4*maxIntents {
-		live := l.order[:0]
-		for _, u := range l.order {
-			if _, ok := l.byUnique[u]; ok {
-				live = append(live, u)
-			}
-		}
-		l.order = live
-	}
-}
-
-func (l *intentLog) complete(unique, node, fh uint64) {
-	if it := l.byUnique[unique]; it != nil {
-		it.done, it.node, it.fh = true, node, fh
-	}
-}
-
-func (l *intentLog) drop(unique uint64) { delete(l.byUnique, unique) }
-
-// records appends the log, oldest first, for a checkpoint.
-func (l *intentLog) records(dst []byte) []byte {
-	for _, u := range l.order {
-		it, ok := l.byUnique[u]
-		if !ok {
-			continue
-		}
-		dst = intentRecord(dst, *it)
-		if it.done {
-			dst = intentDoneRecord(dst, *it)
-		}
-	}
-	return dst
-}
-
 // resentIntent returns the intent that a resent request h left in the
 // state region, if it is one and the dead process got that far.
-func (fs *FS) resentIntent(h *fuse.InHeader, parent, newParent uint64, name, newName string) (intent, bool) {
+func (fs *FS) resentIntent(h *fuse.InHeader, parent, newParent uint64, name, newName string) (journal.Intent, bool) {
 	if h.Unique&resendBit == 0 {
-		return intent{}, false
+		return journal.Intent{}, false
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	it, ok := fs.intents.get(h.Unique &^ resendBit)
-	if !ok || it.op != h.Opcode || it.parent != parent || it.newParent != newParent || it.name != name || it.newName != newName {
+	it, ok := fs.intents.Get(h.Unique &^ resendBit)
+	if !ok || it.Op != h.Opcode || it.Parent != parent || it.NewParent != newParent || it.Name != name || it.NewName != newName {
 		// Not the same request: the kernel never reuses a unique on a
 		// connection, so this would be a bug; run it as new.
-		return intent{}, false
+		return journal.Intent{}, false
 	}
-	fs.log.Info("resent request of the previous process", "op", h.Opcode, "name", name, "completed", it.done)
+	fs.log.Info("resent request of the previous process", "op", h.Opcode, "name", name, "completed", it.Done)
 	return it, true
 }
 
@@ -158,12 +83,12 @@ func (fs *FS) beginIntent(h *fuse.InHeader, parent, newParent uint64, name, newN
 		return 0
 	}
 	unique := h.Unique &^ resendBit
-	if _, ok := fs.intents.get(unique); ok {
+	if _, ok := fs.intents.Get(unique); ok {
 		return unique
 	}
-	it := intent{unique: unique, op: h.Opcode, parent: parent, newParent: newParent, name: name, newName: newName}
-	fs.intents.put(it)
-	fs.nodes.state.append(intentRecord(nil, it))
+	it := journal.Intent{Unique: unique, Op: h.Opcode, Parent: parent, NewParent: newParent, Name: name, NewName: newName}
+	fs.intents.Put(it)
+	fs.nodes.state.Append(journal.IntentRecord(nil, it))
 	return unique
 }
 
@@ -173,8 +98,8 @@ func (fs *FS) completeIntentLocked(unique, node, fh uint64) {
 	if unique == 0 || fs.nodes.state == nil {
 		return
 	}
-	fs.intents.complete(unique, node, fh)
-	fs.nodes.state.append(intentDoneRecord(nil, intent{unique: unique, node: node, fh: fh}))
+	fs.intents.Complete(unique, node, fh)
+	fs.nodes.state.Append(journal.IntentDoneRecord(nil, journal.Intent{Unique: unique, Node: node, FH: fh}))
 }
 
 // dropIntent retires the intent of a change that failed: its error is the
@@ -185,9 +110,9 @@ func (fs *FS) dropIntent(unique uint64) {
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	fs.intents.drop(unique)
+	fs.intents.Drop(unique)
 	if fs.nodes.state != nil {
-		fs.nodes.state.append(idRecord(nil, recIntentDrop, unique))
+		fs.nodes.state.Append(journal.IDRecord(nil, journal.RecIntentDrop, unique))
 	}
 }
 
@@ -197,8 +122,8 @@ func (fs *FS) batchLocked(fn func()) {
 		fn()
 		return
 	}
-	fs.nodes.state.beginBatch()
-	defer fs.nodes.state.endBatch()
+	fs.nodes.state.BeginBatch()
+	defer fs.nodes.state.EndBatch()
 	fn()
 }
 
@@ -206,13 +131,13 @@ func (fs *FS) batchLocked(fn func()) {
 // first run made: n is the node now bound to it. If the first run's
 // completion was journaled, n's lookup reference for this reply is counted
 // already.
-func (fs *FS) answerResent(it intent, n *node, out *fuse.EntryOut) {
+func (fs *FS) answerResent(it journal.Intent, n *node, out *fuse.EntryOut) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	if !it.done || it.node != n.id {
+	if !it.Done || it.Node != n.id {
 		fs.batchLocked(func() {
 			fs.nodes.ref(n)
-			fs.completeIntentLocked(it.unique, n.id, 0)
+			fs.completeIntentLocked(it.Unique, n.id, 0)
 		})
 	}
 	fs.fillEntry(n, out)
@@ -222,12 +147,9 @@ func (fs *FS) answerResent(it intent, n *node, out *fuse.EntryOut) {
 // that never completed: its reply never reached the kernel, so no
 // application wrote through it.
 func (fs *FS) unfinishedCreate(n *node) bool {
-	for _, it := range fs.intents.byUnique {
-		if it.op == opCreate && !it.done && it.parent == n.parent && it.name == n.name {
-			return true
-		}
-	}
-	return false
+	return fs.intents.Any(func(it journal.Intent) bool {
+		return it.Op == opCreate && !it.Done && it.Parent == n.parent && it.Name == n.name
+	})
 }
 
 // crashPoint lets tests kill the serving process at a chosen point of a

@@ -12,6 +12,7 @@ import (
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/contentsum"
+	"github.com/blobfs/blobfs/fusefs/journal"
 	"github.com/blobfs/blobfs/fusefs/kernel"
 )
 
@@ -22,11 +23,11 @@ type handle struct {
 	of    *openFile // files only
 	write bool
 	// io is how the open reply set the kernel's io mode (passthrough.go).
-	io ioMode
+	io journal.IOMode
 	// opened is the OPEN request that made the handle and the flags its
 	// reply carries: a resent OPEN is answered with this handle
 	// (resentOpenLocked). Zero for handles made otherwise.
-	opened openReply
+	opened journal.OpenReply
 
 	raMu     sync.Mutex
 	raNext   int64 // where a sequential read continues
@@ -50,13 +51,7 @@ type handle struct {
 	dir   *dirStream // the directory pass; guarded by dirMu
 }
 
-// openReply is what the reply to an OPEN said: see handle.opened.
-type openReply struct {
-	unique uint64 // the request's unique, without resendBit
-	flags  uint32 // OpenOut.OpenFlags
-}
-
-func (fs *FS) newHandleLocked(n *node, of *openFile, write bool, io ioMode, opened openReply) *handle {
+func (fs *FS) newHandleLocked(n *node, of *openFile, write bool, io journal.IOMode, opened journal.OpenReply) *handle {
 	h := &handle{id: fs.nextHandle, n: n, of: of, write: write, io: io, opened: opened}
 	fs.nextHandle++
 	if of != nil && write {
@@ -64,7 +59,7 @@ func (fs *FS) newHandleLocked(n *node, of *openFile, write bool, io ioMode, open
 	}
 	fs.handles[h.id] = h
 	if fs.nodes.state != nil {
-		fs.nodes.state.append(handleRecord(nil, h))
+		fs.nodes.state.Append(handleRecord(nil, h))
 	}
 	return h
 }
@@ -77,7 +72,7 @@ func (fs *FS) dropHandleLocked(fh uint64) *handle {
 	}
 	delete(fs.handles, fh)
 	if fs.nodes.state != nil {
-		fs.nodes.state.append(idRecord(nil, recHandleDrop, fh))
+		fs.nodes.state.Append(journal.IDRecord(nil, journal.RecHandleDrop, fh))
 	}
 	return h
 }
@@ -370,7 +365,7 @@ func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.S
 	}
 	out.OpenFlags |= writeOnlyFlags(in.Flags)
 	io := fs.chooseIOLocked(n, path, write, out)
-	h := fs.newHandleLocked(n, of, write, io, openReply{unique: in.Unique &^ resendBit, flags: out.OpenFlags})
+	h := fs.newHandleLocked(n, of, write, io, journal.OpenReply{Unique: in.Unique &^ resendBit, Flags: out.OpenFlags})
 	out.Fh = h.id
 	fs.crashPoint("open", "reply", n.name)
 	return fuse.OK
@@ -388,11 +383,11 @@ func (fs *FS) resentOpenLocked(in *fuse.OpenIn, out *fuse.OpenOut) bool {
 	}
 	unique := in.Unique &^ resendBit
 	for _, h := range fs.handles {
-		if h.opened.unique != unique || h.n.id != in.NodeId {
+		if h.opened.Unique != unique || h.n.id != in.NodeId {
 			continue
 		}
-		out.Fh, out.OpenFlags = h.id, h.opened.flags
-		if h.io == ioPassthrough {
+		out.Fh, out.OpenFlags = h.id, h.opened.Flags
+		if h.io == journal.IOPassthrough {
 			out.BackingID = h.n.io.backingID
 		}
 		return true
@@ -446,12 +441,12 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 	ctx, cf := fs.reqContext()
 	defer cf()
 	fs.crashPoint("create", "begin", name)
-	if resent, ok := fs.resentIntent(&in.InHeader, dir.id, 0, name, ""); ok && resent.done {
+	if resent, ok := fs.resentIntent(&in.InHeader, dir.id, 0, name, ""); ok && resent.Done {
 		// The first run completed: answer with the node and handle its
 		// reply carried, both journaled (and counted) already.
 		fs.mu.Lock()
-		h, n := fs.handles[resent.fh], fs.nodes.child(dir.id, name)
-		if h != nil && n != nil && h.n == n && n.id == resent.node {
+		h, n := fs.handles[resent.FH], fs.nodes.child(dir.id, name)
+		if h != nil && n != nil && h.n == n && n.id == resent.Node {
 			fs.fillEntry(n, &out.EntryOut)
 			out.Fh = h.id
 			fs.mu.Unlock()
@@ -509,7 +504,7 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 		fs.nodes.ref(n)
 		fs.fillEntry(n, &out.EntryOut)
 		out.OpenFlags |= writeOnlyFlags(in.Flags)
-		h := fs.newHandleLocked(n, of, true, fs.chooseIOLocked(n, path, true, &out.OpenOut), openReply{})
+		h := fs.newHandleLocked(n, of, true, fs.chooseIOLocked(n, path, true, &out.OpenOut), journal.OpenReply{})
 		out.Fh = h.id
 		fs.completeIntentLocked(intent, n.id, h.id)
 	})

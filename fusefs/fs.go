@@ -18,6 +18,7 @@ import (
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/contentsum"
+	"github.com/blobfs/blobfs/fusefs/journal"
 	"github.com/blobfs/blobfs/fusefs/memory"
 )
 
@@ -114,7 +115,7 @@ type FS struct {
 	nodes      *nodeTable         // guarded by mu
 	handles    map[uint64]*handle // guarded by mu
 	nextHandle uint64             // guarded by mu
-	intents    *intentLog         // guarded by mu; see exactlyonce.go
+	intents    *journal.IntentLog // guarded by mu; see exactlyonce.go
 }
 
 var _ fuse.RawFileSystem = (*FS)(nil)
@@ -149,7 +150,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		nodes:          newNodeTable(),
 		handles:        map[uint64]*handle{},
 		nextHandle:     1,
-		intents:        newIntentLog(),
+		intents:        journal.NewIntentLog(),
 		orphansDone:    make(chan struct{}),
 	}
 	fs.src = &cache.Sources{Store: store, Log: fs.log}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/blobfs/blobfs/fusefs/contentsum"
+	"github.com/blobfs/blobfs/fusefs/journal"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
@@ -136,7 +137,7 @@ type nodeTable struct {
 	rootTime   time.Time
 	// state journals every change the kernel may depend on; nil when the
 	// mount need not survive its process.
-	state *stateRegion
+	state *journal.Region
 	// onCheckpoint returns the records of the tables beyond nodes (handles,
 	// files) for a checkpoint of the state region.
 	onCheckpoint func(dst []byte) []byte
@@ -167,12 +168,12 @@ func (t *nodeTable) save(n *node) {
 	if t.state == nil || n.id == fuse.FUSE_ROOT_ID {
 		return
 	}
-	t.state.append(nodeRecord(nil, n))
+	t.state.Append(nodeRecord(nil, n))
 	t.maybeCheckpoint()
 }
 
 func (t *nodeTable) maybeCheckpoint() {
-	if t.state.needsCheckpoint() {
+	if t.state.NeedsCheckpoint() {
 		t.checkpoint()
 	}
 }
@@ -189,7 +190,7 @@ func (t *nodeTable) checkpoint() {
 	if t.onCheckpoint != nil {
 		b = t.onCheckpoint(b)
 	}
-	t.state.checkpoint(b)
+	t.state.Checkpoint(b)
 }
 
 func (t *nodeTable) child(parent uint64, name string) *node {
@@ -330,7 +331,7 @@ func (t *nodeTable) maybeDrop(n *node) {
 	}
 	delete(t.byID, n.id)
 	if t.state != nil {
-		t.state.append(idRecord(nil, recNodeDrop, n.id))
+		t.state.Append(journal.IDRecord(nil, journal.RecNodeDrop, n.id))
 	}
 	if n.parent != 0 {
 		t.remember(n)
@@ -378,4 +379,14 @@ func joinPath(dir, name string) string {
 		return name
 	}
 	return dir + "/" + name
+}
+
+// nodeRecord journals n's binding and lookup count.
+func nodeRecord(dst []byte, n *node) []byte {
+	return journal.NodeRecord(dst, journal.SavedNode{ID: n.id, Parent: n.parent, Lookups: n.lookups, Kind: byte(n.kind), Name: n.name})
+}
+
+// handleRecord journals an open handle.
+func handleRecord(dst []byte, h *handle) []byte {
+	return journal.HandleRecord(dst, journal.SavedHandle{FH: h.id, Node: h.n.id, Write: h.write, Dir: h.of == nil, IO: h.io, BackingID: h.n.io.backingID, Opened: h.opened})
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/contentsum"
+	"github.com/blobfs/blobfs/fusefs/journal"
 )
 
 var folderMeta = map[string]string{blobstore.MetaIsFolder: "true"}
@@ -42,7 +43,7 @@ func (fs *FS) newChild(dir *node, dirPath, name string, e dirEntry, out *fuse.En
 // if it exists as the kind the request makes, the first run made it, and
 // the answer is the entry the first reply carried. ok is false when the
 // request must fail with EEXIST after all.
-func (fs *FS) resentMade(ctx context.Context, it intent, dir *node, dirPath, name string, kind nodeKind, out *fuse.EntryOut) (ok bool) {
+func (fs *FS) resentMade(ctx context.Context, it journal.Intent, dir *node, dirPath, name string, kind nodeKind, out *fuse.EntryOut) (ok bool) {
 	n, err := fs.resolve(ctx, dir, dirPath, name)
 	if err != nil || n.kind != kind {
 		return false
@@ -264,7 +265,7 @@ func (fs *FS) Unlink(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Stat
 	if err != nil {
 		if isResent && errors.Is(err, blobstore.ErrNotFound) {
 			// The first run removed it.
-			fs.forgetName(dir, dirPath, name, resent.unique)
+			fs.forgetName(dir, dirPath, name, resent.Unique)
 			fs.keepDir(ctx, dirPath)
 			return fuse.OK
 		}
@@ -372,7 +373,7 @@ func (fs *FS) Rmdir(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Statu
 		if isResent && errors.Is(err, blobstore.ErrNotFound) {
 			// The first run removed it.
 			fs.lists.invalidateTree(path)
-			fs.forgetName(dir, dirPath, name, resent.unique)
+			fs.forgetName(dir, dirPath, name, resent.Unique)
 			fs.keepDir(ctx, dirPath)
 			return fuse.OK
 		}
@@ -537,13 +538,13 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 // finishResentRename completes a rename that the first run of a resent
 // request made in the store: the node, if the journal still binds it to
 // the old name, follows it.
-func (fs *FS) finishResentRename(ctx context.Context, it intent, srcDir *node, srcDirPath, oldName string, dstDir *node, dstDirPath, newName string) {
+func (fs *FS) finishResentRename(ctx context.Context, it journal.Intent, srcDir *node, srcDirPath, oldName string, dstDir *node, dstDirPath, newName string) {
 	fs.mu.Lock()
 	fs.batchLocked(func() {
 		if n := fs.nodes.child(srcDir.id, oldName); n != nil {
 			fs.nodes.move(n, dstDir.id, newName)
 		}
-		fs.completeIntentLocked(it.unique, 0, 0)
+		fs.completeIntentLocked(it.Unique, 0, 0)
 	})
 	fs.mu.Unlock()
 	fs.lists.remove(srcDirPath, oldName)

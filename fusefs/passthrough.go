@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/blobfs/blobfs/fusefs/cache"
+	"github.com/blobfs/blobfs/fusefs/journal"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
@@ -44,15 +45,6 @@ import (
 // that the keeper replaces: each passthrough handle's record in the state
 // region carries its id, and the adopter closes the id when the last of
 // them is released.
-
-// ioMode is how a handle's open reply set the kernel's io mode.
-type ioMode uint8
-
-const (
-	ioCached      ioMode = iota // page cache: counts against passthrough
-	ioDirect                    // FOPEN_DIRECT_IO without passthrough: neutral
-	ioPassthrough               // FOPEN_PASSTHROUGH on the node's backing id
-)
 
 // ioOpens is a node's handles by io mode, and its backing file while it
 // has passthrough handles. Guarded by FS.mu.
@@ -143,7 +135,7 @@ func closeBacking(devFD int, id int32) error {
 // chooseIOLocked sets the io mode of an open of n (path at version n.etag)
 // in out, and counts it on n. out.OpenFlags already holds what the open
 // asks for otherwise (FOPEN_DIRECT_IO, FOPEN_KEEP_CACHE).
-func (fs *FS) chooseIOLocked(n *node, path string, write bool, out *fuse.OpenOut) ioMode {
+func (fs *FS) chooseIOLocked(n *node, path string, write bool, out *fuse.OpenOut) journal.IOMode {
 	io := &n.io
 	switch {
 	case io.passthrough > 0:
@@ -167,19 +159,19 @@ func (fs *FS) chooseIOLocked(n *node, path string, write bool, out *fuse.OpenOut
 		}
 	}
 	if out.OpenFlags&fuse.FOPEN_DIRECT_IO != 0 {
-		return ioDirect
+		return journal.IODirect
 	}
 	io.cached++
-	return ioCached
+	return journal.IOCached
 }
 
-func (fs *FS) passthroughLocked(n *node, out *fuse.OpenOut) ioMode {
+func (fs *FS) passthroughLocked(n *node, out *fuse.OpenOut) journal.IOMode {
 	n.io.passthrough++
 	fs.passthrough.opens.Add(1)
 	out.BackingID = n.io.backingID
 	out.OpenFlags |= fuse.FOPEN_PASSTHROUGH
 	out.OpenFlags &^= fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_DIRECT_IO
-	return ioPassthrough
+	return journal.IOPassthrough
 }
 
 // releaseIOLocked uncounts a released handle; the last passthrough handle
@@ -187,9 +179,9 @@ func (fs *FS) passthroughLocked(n *node, out *fuse.OpenOut) ioMode {
 func (fs *FS) releaseIOLocked(h *handle) {
 	io := &h.n.io
 	switch h.io {
-	case ioCached:
+	case journal.IOCached:
 		io.cached--
-	case ioPassthrough:
+	case journal.IOPassthrough:
 		io.passthrough--
 		if io.passthrough > 0 {
 			return

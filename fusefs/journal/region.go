@@ -1,4 +1,4 @@
-package fusefs
+package journal
 
 import (
 	"encoding/binary"
@@ -25,8 +25,8 @@ import (
 // checkpoint appends the whole table as fresh records, moves start to them,
 // and punches the old part out of memory: offsets grow, memory does not.
 //
-// Locking: the region is written under FS.mu (the tables it mirrors are
-// guarded by it too).
+// Locking: none here. The file system writes the region under the lock
+// that guards the tables it mirrors (FS.mu).
 
 const (
 	stateMagic      = "blobfs-state-v1\x00"
@@ -42,21 +42,21 @@ const (
 // Record types.
 const (
 	recNode       byte = 1 // a node's binding and lookup count
-	recNodeDrop   byte = 2 // a node the kernel forgot
+	RecNodeDrop   byte = 2 // a node the kernel forgot
 	recHandle     byte = 3 // an open handle
-	recHandleDrop byte = 4 // a released handle
+	RecHandleDrop byte = 4 // a released handle
 	recFile       byte = 5 // a node's spill file and upload state
 	recIDs        byte = 6 // ids reserved: never hand out ids below these again
 	recCheckpoint byte = 7 // the records after it are a whole table
 	recIntent     byte = 8 // a namespace change about to touch the store
 	recIntentDone byte = 9 // that change completed: what its reply carries
-	recIntentDrop byte = 10
+	RecIntentDrop byte = 10
 	// A spill file about to be removed: journaled before the removal, so
 	// that a successor finishes it if the process dies in between.
 	recSpillRemoved byte = 11
 )
 
-type stateRegion struct {
+type Region struct {
 	f          *os.File
 	start, end int64
 	liveBytes  int64 // bytes of the last checkpoint, to decide the next
@@ -68,14 +68,14 @@ type stateRegion struct {
 	pending  []byte
 }
 
-// newStateRegion creates an empty region in a new memfd.
-func newStateRegion() (*stateRegion, error) {
+// NewRegion creates an empty region in a new memfd.
+func NewRegion() (*Region, error) {
 	fd, err := unix.MemfdCreate("blobfs-state", unix.MFD_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), "blobfs-state")
-	r := &stateRegion{f: f, start: stateHeaderSize, end: stateHeaderSize}
+	r := &Region{f: f, start: stateHeaderSize, end: stateHeaderSize}
 	hdr := make([]byte, stateHeaderSize)
 	copy(hdr, stateMagic)
 	binary.LittleEndian.PutUint64(hdr[offStart:], uint64(r.start))
@@ -88,9 +88,9 @@ func newStateRegion() (*stateRegion, error) {
 }
 
 // File returns the region's file, to hand to a keeper.
-func (r *stateRegion) File() *os.File { return r.f }
+func (r *Region) File() *os.File { return r.f }
 
-func (r *stateRegion) setInit(init []byte) error {
+func (r *Region) SetInit(init []byte) error {
 	if len(init) > maxInitLen {
 		return fmt.Errorf("INIT request of %d bytes does not fit the state header", len(init))
 	}
@@ -109,8 +109,8 @@ func (w *recordWriter) u32(v uint32) { w.b = binary.LittleEndian.AppendUint32(w.
 func (w *recordWriter) u64(v uint64) { w.b = binary.LittleEndian.AppendUint64(w.b, v) }
 func (w *recordWriter) str(s string) { w.u32(uint32(len(s))); w.b = append(w.b, s...) }
 
-// append writes records (each already framed) and then moves the end.
-func (r *stateRegion) append(records []byte) {
+// Append writes records (each already framed) and then moves the end.
+func (r *Region) Append(records []byte) {
 	if r.err != nil || len(records) == 0 {
 		return
 	}
@@ -130,16 +130,16 @@ func (r *stateRegion) append(records []byte) {
 	}
 }
 
-// beginBatch starts collecting appends; endBatch writes them at once.
+// BeginBatch starts collecting appends; endBatch writes them at once.
 // Batches nest.
-func (r *stateRegion) beginBatch() { r.batching++ }
+func (r *Region) BeginBatch() { r.batching++ }
 
-func (r *stateRegion) endBatch() {
+func (r *Region) EndBatch() {
 	r.batching--
 	if r.batching == 0 {
 		records := r.pending
 		r.pending = nil
-		r.append(records)
+		r.Append(records)
 	}
 }
 
@@ -150,15 +150,15 @@ func frame(dst []byte, typ byte, body []byte) []byte {
 	return append(dst, body...)
 }
 
-// checkpoint replaces the log by the records in snapshot: they are appended,
+// Checkpoint replaces the log by the records in snapshot: they are appended,
 // start moves to them, and the memory of what came before is released.
-func (r *stateRegion) checkpoint(snapshot []byte) {
+func (r *Region) Checkpoint(snapshot []byte) {
 	if r.err != nil {
 		return
 	}
 	at := r.end
-	r.append(frame(nil, recCheckpoint, nil))
-	r.append(snapshot)
+	r.Append(frame(nil, recCheckpoint, nil))
+	r.Append(snapshot)
 	if r.err != nil {
 		return
 	}
@@ -179,9 +179,9 @@ func (r *stateRegion) checkpoint(snapshot []byte) {
 	}
 }
 
-// needsCheckpoint tells when the log has grown past four times the live
+// NeedsCheckpoint tells when the log has grown past four times the live
 // state (and past 1 MiB, so small mounts do not checkpoint constantly).
-func (r *stateRegion) needsCheckpoint() bool {
+func (r *Region) NeedsCheckpoint() bool {
 	if r.batching > 0 {
 		return false // the checkpoint moves start at once; wait for the batch
 	}
@@ -191,51 +191,51 @@ func (r *stateRegion) needsCheckpoint() bool {
 
 // --- reading -------------------------------------------------------------
 
-// savedNode and savedFile are what a region says about the tables.
-type savedNode struct {
-	id, parent, lookups uint64
-	kind                nodeKind
-	name                string
+// SavedNode and savedFile are what a region says about the tables.
+type SavedNode struct {
+	ID, Parent, Lookups uint64
+	Kind                byte // the file system's node kind
+	Name                string
 }
 
-type savedHandle struct {
-	fh, node uint64
-	write    bool
-	dir      bool
-	// io is the handle's io mode, backingID its backing file's id when
-	// passthrough (passthrough.go). Records written before io modes
+type SavedHandle struct {
+	FH, Node uint64
+	Write    bool
+	Dir      bool
+	// IO is the handle's IO mode, backingID its backing file's id when
+	// passthrough (fusefs/passthrough.go). Records written before IO modes
 	// existed say ioCached, the mode that blocks passthrough.
-	io        ioMode
-	backingID int32
-	opened    openReply
+	IO        IOMode
+	BackingID int32
+	Opened    OpenReply
 }
 
-type savedFile struct {
-	node      uint64
-	spillPath string
-	baseETag  string
-	dirty     bool
-	exclusive bool
-	// commitNonce names a commit that may have reached the store without
+type SavedFile struct {
+	Node      uint64
+	SpillPath string
+	BaseETag  string
+	Dirty     bool
+	Exclusive bool
+	// CommitNonce names a commit that may have reached the store without
 	// its answer reaching the dead process.
-	commitNonce string
+	CommitNonce string
 }
 
-type savedState struct {
-	init    []byte
-	nodes   map[uint64]savedNode
-	handles map[uint64]savedHandle
-	files   map[uint64]savedFile
-	intents *intentLog
-	// removedSpills are spill files whose removal was journaled since the
+type Saved struct {
+	Init    []byte
+	Nodes   map[uint64]SavedNode
+	Handles map[uint64]SavedHandle
+	Files   map[uint64]SavedFile
+	Intents *IntentLog
+	// RemovedSpills are spill files whose removal was journaled since the
 	// last checkpoint; some may still exist.
-	removedSpills []string
-	nextID        uint64
-	nextHandle    uint64
+	RemovedSpills []string
+	NextID        uint64
+	NextHandle    uint64
 }
 
-// readStateRegion replays a region left by another process.
-func readStateRegion(f *os.File) (*stateRegion, *savedState, error) {
+// ReadRegion replays a region left by another process.
+func ReadRegion(f *os.File) (*Region, *Saved, error) {
 	hdr := make([]byte, stateHeaderSize)
 	if _, err := f.ReadAt(hdr, 0); err != nil {
 		return nil, nil, fmt.Errorf("state header: %w", err)
@@ -249,12 +249,12 @@ func readStateRegion(f *os.File) (*stateRegion, *savedState, error) {
 	if start < stateHeaderSize || end < start || initLen > maxInitLen {
 		return nil, nil, errors.New("corrupt state header")
 	}
-	st := &savedState{
-		init:    append([]byte(nil), hdr[offInit:offInit+int(initLen)]...),
-		nodes:   map[uint64]savedNode{},
-		handles: map[uint64]savedHandle{},
-		files:   map[uint64]savedFile{},
-		intents: newIntentLog(),
+	st := &Saved{
+		Init:    append([]byte(nil), hdr[offInit:offInit+int(initLen)]...),
+		Nodes:   map[uint64]SavedNode{},
+		Handles: map[uint64]SavedHandle{},
+		Files:   map[uint64]SavedFile{},
+		Intents: NewIntentLog(),
 	}
 	log := make([]byte, end-start)
 	if _, err := f.ReadAt(log, start); err != nil && !errors.Is(err, io.EOF) {
@@ -273,7 +273,7 @@ func readStateRegion(f *os.File) (*stateRegion, *savedState, error) {
 		}
 		log = log[4+n:]
 	}
-	r := &stateRegion{f: f, start: start, end: end, liveBytes: end - start}
+	r := &Region{f: f, start: start, end: end, liveBytes: end - start}
 	return r, st, nil
 }
 
@@ -323,70 +323,70 @@ func (r *recordReader) str() string {
 	return s
 }
 
-func (st *savedState) apply(typ byte, body []byte) error {
+func (st *Saved) apply(typ byte, body []byte) error {
 	r := &recordReader{b: body}
 	switch typ {
 	case recCheckpoint:
-		clear(st.nodes)
-		clear(st.handles)
-		clear(st.files)
-		st.intents = newIntentLog()
-		st.removedSpills = nil
+		clear(st.Nodes)
+		clear(st.Handles)
+		clear(st.Files)
+		st.Intents = NewIntentLog()
+		st.RemovedSpills = nil
 	case recNode:
-		n := savedNode{id: r.u64(), parent: r.u64(), lookups: r.u64(), kind: nodeKind(r.u8()), name: r.str()}
-		st.nodes[n.id] = n
-		st.nextID = max(st.nextID, n.id+1)
-	case recNodeDrop:
+		n := SavedNode{ID: r.u64(), Parent: r.u64(), Lookups: r.u64(), Kind: r.u8(), Name: r.str()}
+		st.Nodes[n.ID] = n
+		st.NextID = max(st.NextID, n.ID+1)
+	case RecNodeDrop:
 		id := r.u64()
-		delete(st.nodes, id)
-		delete(st.files, id)
+		delete(st.Nodes, id)
+		delete(st.Files, id)
 	case recHandle:
-		h := savedHandle{fh: r.u64(), node: r.u64()}
+		h := SavedHandle{FH: r.u64(), Node: r.u64()}
 		flags := r.u8()
-		h.write, h.dir = flags&1 != 0, flags&2 != 0
+		h.Write, h.Dir = flags&1 != 0, flags&2 != 0
 		switch {
 		case flags&4 != 0:
-			h.io = ioDirect
+			h.IO = IODirect
 		case flags&8 != 0:
-			h.io, h.backingID = ioPassthrough, int32(r.u32())
+			h.IO, h.BackingID = IOPassthrough, int32(r.u32())
 		}
 		if flags&16 != 0 {
-			h.opened = openReply{unique: r.u64(), flags: r.u32()}
+			h.Opened = OpenReply{Unique: r.u64(), Flags: r.u32()}
 		}
-		st.handles[h.fh] = h
-		st.nextHandle = max(st.nextHandle, h.fh+1)
-	case recHandleDrop:
-		delete(st.handles, r.u64())
+		st.Handles[h.FH] = h
+		st.NextHandle = max(st.NextHandle, h.FH+1)
+	case RecHandleDrop:
+		delete(st.Handles, r.u64())
 	case recFile:
-		f := savedFile{node: r.u64(), spillPath: r.str(), baseETag: r.str()}
+		f := SavedFile{Node: r.u64(), SpillPath: r.str(), BaseETag: r.str()}
 		flags := r.u8()
-		f.dirty, f.exclusive = flags&1 != 0, flags&2 != 0
+		f.Dirty, f.Exclusive = flags&1 != 0, flags&2 != 0
 		if len(r.b) > 0 { // regions written before commit nonces lack it
-			f.commitNonce = r.str()
+			f.CommitNonce = r.str()
 		}
-		if f.spillPath == "" {
-			delete(st.files, f.node)
+		if f.SpillPath == "" {
+			delete(st.Files, f.Node)
 		} else {
-			st.files[f.node] = f
+			st.Files[f.Node] = f
 		}
 	case recIDs:
-		st.nextID = max(st.nextID, r.u64())
-		st.nextHandle = max(st.nextHandle, r.u64())
+		st.NextID = max(st.NextID, r.u64())
+		st.NextHandle = max(st.NextHandle, r.u64())
 	case recIntent:
-		it := intent{unique: r.u64(), op: r.u32(), parent: r.u64(), newParent: r.u64(), name: r.str(), newName: r.str()}
+		it := Intent{Unique: r.u64(), Op: r.u32(), Parent: r.u64(), NewParent: r.u64(), Name: r.str(), NewName: r.str()}
 		if r.err == nil {
-			st.intents.put(it)
+			st.Intents.Put(it)
 		}
 	case recIntentDone:
 		unique, node, fh := r.u64(), r.u64(), r.u64()
 		if r.err == nil {
-			st.intents.complete(unique, node, fh)
+			st.Intents.Complete(unique, node, fh)
 		}
-	case recIntentDrop:
-		st.intents.drop(r.u64())
+	case RecIntentDrop:
+		st.Intents.Drop(r.u64())
 	case recSpillRemoved:
 		if path := r.str(); r.err == nil {
-			st.removedSpills = append(st.removedSpills, path)
+			st.RemovedSpills = append(st.RemovedSpills, path)
 		}
 	default:
 		return fmt.Errorf("unknown state record type %d", typ)
@@ -396,54 +396,54 @@ func (st *savedState) apply(typ byte, body []byte) error {
 
 // --- writing the tables' changes -----------------------------------------
 
-func nodeRecord(dst []byte, n *node) []byte {
-	w := recordWriter{b: make([]byte, 0, 40+len(n.name))}
-	w.u64(n.id)
-	w.u64(n.parent)
-	w.u64(n.lookups)
-	w.u8(byte(n.kind))
-	w.str(n.name)
+func NodeRecord(dst []byte, n SavedNode) []byte {
+	w := recordWriter{b: make([]byte, 0, 40+len(n.Name))}
+	w.u64(n.ID)
+	w.u64(n.Parent)
+	w.u64(n.Lookups)
+	w.u8(n.Kind)
+	w.str(n.Name)
 	return frame(dst, recNode, w.b)
 }
 
-func handleRecord(dst []byte, h *handle) []byte {
+func HandleRecord(dst []byte, h SavedHandle) []byte {
 	var w recordWriter
-	w.u64(h.id)
-	w.u64(h.n.id)
+	w.u64(h.FH)
+	w.u64(h.Node)
 	var flags byte
-	if h.write {
+	if h.Write {
 		flags |= 1
 	}
-	if h.of == nil {
+	if h.Dir {
 		flags |= 2
 	}
-	switch h.io {
-	case ioDirect:
+	switch h.IO {
+	case IODirect:
 		flags |= 4
-	case ioPassthrough:
+	case IOPassthrough:
 		flags |= 8
 	}
-	if h.opened.unique != 0 {
+	if h.Opened.Unique != 0 {
 		flags |= 16
 	}
 	w.u8(flags)
-	if h.io == ioPassthrough {
-		w.u32(uint32(h.n.io.backingID))
+	if h.IO == IOPassthrough {
+		w.u32(uint32(h.BackingID))
 	}
-	if h.opened.unique != 0 {
-		w.u64(h.opened.unique)
-		w.u32(h.opened.flags)
+	if h.Opened.Unique != 0 {
+		w.u64(h.Opened.Unique)
+		w.u32(h.Opened.Flags)
 	}
 	return frame(dst, recHandle, w.b)
 }
 
-func idRecord(dst []byte, typ byte, id uint64) []byte {
+func IDRecord(dst []byte, typ byte, id uint64) []byte {
 	var w recordWriter
 	w.u64(id)
 	return frame(dst, typ, w.b)
 }
 
-func fileRecord(dst []byte, nodeID uint64, spillPath, baseETag string, dirty, exclusive bool, commitNonce string) []byte {
+func FileRecord(dst []byte, nodeID uint64, spillPath, baseETag string, dirty, exclusive bool, commitNonce string) []byte {
 	var w recordWriter
 	w.u64(nodeID)
 	w.str(spillPath)
@@ -460,33 +460,33 @@ func fileRecord(dst []byte, nodeID uint64, spillPath, baseETag string, dirty, ex
 	return frame(dst, recFile, w.b)
 }
 
-func idsRecord(dst []byte, nextID, nextHandle uint64) []byte {
+func IDsRecord(dst []byte, nextID, nextHandle uint64) []byte {
 	var w recordWriter
 	w.u64(nextID)
 	w.u64(nextHandle)
 	return frame(dst, recIDs, w.b)
 }
 
-func intentRecord(dst []byte, it intent) []byte {
-	w := recordWriter{b: make([]byte, 0, 48+len(it.name)+len(it.newName))}
-	w.u64(it.unique)
-	w.u32(it.op)
-	w.u64(it.parent)
-	w.u64(it.newParent)
-	w.str(it.name)
-	w.str(it.newName)
+func IntentRecord(dst []byte, it Intent) []byte {
+	w := recordWriter{b: make([]byte, 0, 48+len(it.Name)+len(it.NewName))}
+	w.u64(it.Unique)
+	w.u32(it.Op)
+	w.u64(it.Parent)
+	w.u64(it.NewParent)
+	w.str(it.Name)
+	w.str(it.NewName)
 	return frame(dst, recIntent, w.b)
 }
 
-func intentDoneRecord(dst []byte, it intent) []byte {
+func IntentDoneRecord(dst []byte, it Intent) []byte {
 	var w recordWriter
-	w.u64(it.unique)
-	w.u64(it.node)
-	w.u64(it.fh)
+	w.u64(it.Unique)
+	w.u64(it.Node)
+	w.u64(it.FH)
 	return frame(dst, recIntentDone, w.b)
 }
 
-func spillRemovedRecord(dst []byte, path string) []byte {
+func SpillRemovedRecord(dst []byte, path string) []byte {
 	var w recordWriter
 	w.str(path)
 	return frame(dst, recSpillRemoved, w.b)
