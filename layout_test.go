@@ -30,10 +30,14 @@ var allowedImports = map[string][]string{
 	"fusefs": {"blobstore", "fusefs/internal/md5pair"},
 	// Prometheus metrics of a mounted filesystem.
 	"fusefs/fsmetrics": {"blobstore", "fusefs"},
+	// The mount options, each defined once (name, kind, bounds, default,
+	// help, what it sets in fusefs's options): blobfs mount's flags and
+	// CSI volumes' mountOptions.
+	"mountopt": {"blobstore", "fusefs"},
 	// The CSI driver: it mounts through fusefs, in-process.
-	"csi": {"blobstore", "fusefs", "fusefs/fsmetrics"},
+	"csi": {"blobstore", "fusefs", "fusefs/fsmetrics", "mountopt"},
 	// The one binary: mount, supervisor, keeper, CSI driver, registrar.
-	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/fsmetrics"},
+	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/fsmetrics", "mountopt"},
 	// Builds the driver's image without Docker.
 	"cmd/blobfs-image": nil,
 	// Throughput benchmarks and their commands.
