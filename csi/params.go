@@ -670,6 +670,7 @@ var unchangingMountOptions = map[string]func(raw string, given bool) error{
 	},
 }
 
+// wholeNumber checks a blobfuse option that takes seconds or MiB.
 func wholeNumber(raw string, given bool) error {
 	if _, err := strconv.ParseUint(raw, 10, 63); !given || err != nil {
 		return errors.New("needs a whole number")

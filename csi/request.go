@@ -15,11 +15,13 @@ import (
 
 // Request parsing. A node RPC first turns its request into one checked
 // value (parseStage, parsePublish, parseUnmount), then acts on that value
-// alone (node.go): the parse reports every InvalidArgument, naming the
-// field, before the volume is locked. Parsing takes no lock and touches no
-// path below the kubelet directory, so that a refused request changes
-// nothing there; resolving a volume may read a Secret through the API
-// (which credentials a request means is part of what it asks).
+// alone (node.go): what the request itself gets wrong is refused here
+// (InvalidArgument naming the field), before the volume is locked; what
+// is found on the node (a symlink on a path, a dead mount) is the act's
+// to find. Parsing takes no lock and touches no path below the kubelet
+// directory, so that a refused request changes nothing there; resolving
+// a volume may read a Secret through the API (which credentials a
+// request means is part of what it asks).
 
 // stageRequest is a NodeStageVolume request, checked and resolved: the
 // volume (container, credentials and where they came from, mount
