@@ -43,10 +43,14 @@ var allowedImports = map[string][]string{
 	"fusefs": {"blobstore", "fusefs/cache", "fusefs/contentsum", "fusefs/internal/md5pair", "fusefs/journal", "fusefs/kernel", "fusefs/memory"},
 	// Prometheus metrics of a mounted filesystem.
 	"fusefs/fsmetrics": {"blobstore", "fusefs"},
+	// The mount options, each defined once (name, kind, bounds, default,
+	// help, what it sets in fusefs's options): blobfs mount's flags and
+	// CSI volumes' mountOptions.
+	"mountopt": {"blobstore", "fusefs", "fusefs/kernel"},
 	// The CSI driver: it mounts through fusefs, in-process.
-	"csi": {"blobstore", "fusefs", "fusefs/cache", "fusefs/fsmetrics", "fusefs/handoff", "fusefs/kernel"},
+	"csi": {"blobstore", "fusefs", "fusefs/cache", "fusefs/fsmetrics", "fusefs/handoff", "fusefs/kernel", "mountopt"},
 	// The one binary: mount, supervisor, keeper, CSI driver, registrar.
-	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/cache", "fusefs/fsmetrics", "fusefs/handoff", "fusefs/kernel", "fusefs/memory"},
+	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/cache", "fusefs/fsmetrics", "fusefs/handoff", "fusefs/kernel", "fusefs/memory", "mountopt"},
 	// Builds the driver's image without Docker.
 	"cmd/blobfs-image": nil,
 	// Throughput benchmarks and their commands.

@@ -2,7 +2,6 @@ package csi
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -202,87 +201,4 @@ func idOfHandle(handle string, p volumeParams) (volumeID, error) {
 	}
 	id = volumeID{Account: h.Account, Container: h.Container, Endpoint: endpoint}
 	return id, id.check()
-}
-
-// checkCapability accepts mount access of any access mode (a container
-// can be shared by any number of readers and writers) with no file system
-// type or blobfs's own. It returns whether the mode is read-only and the
-// mount flags.
-func checkCapability(field string, c *csipb.VolumeCapability) (readOnly bool, flags []string, err error) {
-	if c == nil {
-		return false, nil, invalid("%s is missing", field)
-	}
-	if c.GetBlock() != nil {
-		return false, nil, invalid("%s: block access is not supported; blobfs volumes are filesystems (use access_type mount)", field)
-	}
-	m := c.GetMount()
-	if m == nil {
-		return false, nil, invalid("%s.access_type is missing (use mount)", field)
-	}
-	switch strings.ToLower(m.GetFsType()) {
-	case "", "fuse", "blobfs", "fuse.blobfs":
-	default:
-		return false, nil, invalid("%s.mount.fs_type %q is not supported: leave it empty (or blobfs)", field, clip(m.GetFsType(), 40))
-	}
-	switch mode := c.GetAccessMode().GetMode(); mode {
-	case csipb.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY, csipb.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
-		readOnly = true
-	case csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, csipb.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER,
-		csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER, csipb.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
-		csipb.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:
-	default:
-		return false, nil, invalid("%s.access_mode is missing or unknown (%v)", field, mode)
-	}
-	return readOnly, m.GetMountFlags(), nil
-}
-
-// credentialsFor picks a request's credentials: the request's secrets;
-// else the Secret named by secretName/secretNamespace; else none, which
-// means the driver's Azure AD identity (workload or managed identity).
-// Inline volumes (podNamespace set) may only name Secrets in their pod's
-// namespace and never borrow the driver's identity: any pod can declare
-// one. It returns the credentials and where they came from (the node
-// state records that, not the secrets).
-func (d *Driver) credentialsFor(ctx context.Context, secrets map[string]string, p volumeParams, field, podNamespace string) (credentials, string, error) {
-	if len(secrets) > 0 {
-		c, err := parseSecrets(secrets, field)
-		if err != nil {
-			return c, "", invalid("%v", err)
-		}
-		return c, "request", nil
-	}
-	inline := podNamespace != "" || p.Ephemeral
-	if p.SecretName != "" {
-		ns := p.SecretNamespace
-		if inline {
-			if podNamespace == "" {
-				return credentials{}, "", invalid("volume_context: an inline volume with secretName needs the pod's namespace (CSIDriver podInfoOnMount: true)")
-			}
-			if ns != "" && ns != podNamespace {
-				return credentials{}, "", status.Errorf(codes.PermissionDenied, "volume_context[secretNamespace]: an inline volume may only use Secrets of its pod's namespace %q, not %q", podNamespace, ns)
-			}
-			ns = podNamespace
-		}
-		if d.secrets == nil {
-			return credentials{}, "", status.Errorf(codes.FailedPrecondition, "secretName %s/%s: the driver has no access to the Kubernetes API (not running in a pod); pass the secret through the provisioner or node-stage secret instead", ns, p.SecretName)
-		}
-		data, err := d.secrets.GetSecret(ctx, ns, p.SecretName)
-		if errors.Is(err, ErrSecretNotFound) {
-			// blob-csi-driver writes the account key into secretName
-			// (storeAccountKey); blobfs has no key to write.
-			return credentials{}, "", status.Errorf(codes.FailedPrecondition, "secretName %s/%s: the Secret does not exist; blobfs reads credentials from it and does not create it (unlike blob-csi-driver's storeAccountKey): create it with %s and a key or SAS token", ns, p.SecretName, secretAccountName)
-		}
-		if err != nil {
-			return credentials{}, "", storeError("read secret", err)
-		}
-		c, err := parseSecrets(data, fmt.Sprintf("secret %s/%s", ns, p.SecretName))
-		if err != nil {
-			return c, "", invalid("%v", err)
-		}
-		return c, "secret:" + ns + "/" + p.SecretName, nil
-	}
-	if inline {
-		return credentials{}, "", invalid("an inline volume needs credentials: a nodePublishSecretRef or volumeAttributes secretName (in the pod's namespace); the driver's own identity is not lent to inline volumes")
-	}
-	return credentials{}, "identity", nil
 }

@@ -8,7 +8,8 @@
 // each pod, or mounts an inline volume straight at its pod's target.
 //
 // Layout: driver.go (Config, New, Run, interceptors, Identity),
-// controller.go, node.go, params.go (parameters, secrets, mount options),
+// controller.go, node.go, request.go (a node request checked into one
+// value before the RPC acts), params.go (parameters, secrets, mount options),
 // blobcsi.go (the Azure Blob CSI driver's parameters, secret keys and
 // mount options that blobfs accepts or refuses), volumeid.go (the volume
 // id formats, blobfs's and that driver's), nodestate.go (the persisted node

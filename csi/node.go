@@ -23,9 +23,10 @@ import (
 // Node service. A persistent volume is mounted once per node, in this
 // process, at its staging path (NodeStageVolume) and bind-mounted into each
 // pod (NodePublishVolume); an inline ephemeral volume is mounted at its one
-// target at NodePublishVolume. Every RPC runs in one order: validate
-// (InvalidArgument naming the field), lock the volume (Aborted when busy),
-// return early when already done, act, persist the node state.
+// target at NodePublishVolume. Every RPC runs in one order: validate the
+// request into one value (request.go: InvalidArgument naming the field),
+// lock the volume (Aborted when busy), return early when already done,
+// act, persist the node state.
 //
 // NodeGetVolumeStats and NodeGetInfo take no lock: they only read, and
 // kubelet polls stats while it stages and publishes.
@@ -49,164 +50,6 @@ func (d *Driver) NodeGetCapabilities(ctx context.Context, req *csipb.NodeGetCapa
 		}})
 	}
 	return &csipb.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
-}
-
-// nodeVolume is a validated request for a mount.
-type nodeVolume struct {
-	volumeID string
-	id       volumeID
-	params   volumeParams
-	creds    credentials
-	source   string // credentials' source, for the node state
-	cfg      blobstore.AzureConfig
-	settings mountSettings
-	readOnly bool
-	// mountGroup is the pod's fsGroup (volume_mount_group), decimal;
-	// empty: none, or ignored because the mount options set the owner.
-	mountGroup string
-}
-
-// resolveVolume validates what a stage or an ephemeral publish needs and
-// works out the container and credentials. The volume id names the
-// container when it is blobfs's. Any other id is taken as the Azure Blob
-// CSI driver takes it: volume_context containerName, storageAccount (or
-// the secret's account) and server say which container, and a handle in
-// its RG#ACCOUNT#CONTAINER#... format names what they leave out
-// (blobcsi.go). Inline volumes are named by volume_context alone.
-func (d *Driver) resolveVolume(ctx context.Context, volID string, volCtx, secrets map[string]string, c *csipb.VolumeCapability, readOnly bool) (nodeVolume, error) {
-	v := nodeVolume{volumeID: volID}
-	p, err := parseParams(volCtx, "volume_context")
-	if err != nil {
-		return v, invalid("%v", err)
-	}
-	ro, flags, err := checkCapability("volume_capability", c)
-	if err != nil {
-		return v, err
-	}
-	v.settings, err = parseMountOptions(append(append([]string{}, flags...), p.MountOptions...), "volume_capability.mount.mount_flags or volume_context[mountOptions]")
-	if err != nil {
-		return v, invalid("%v", err)
-	}
-	v.readOnly = readOnly || ro || v.settings.FS.ReadOnly
-	if v.mountGroup, err = mountGroupOf("volume_capability", c); err != nil {
-		return v, err
-	}
-	if v.mountGroup != "" && p.NoFSGroup {
-		d.log.Info("volume_mount_group (the pod's fsGroup) is not applied: fsGroupChangePolicy is None", "volume", volID, "group", v.mountGroup)
-		v.mountGroup = ""
-	}
-	if v.mountGroup != "" && v.settings.FS.ForceOwner {
-		d.log.Info("volume_mount_group (the pod's fsGroup) is not applied: the volume's mount options set the owner", "volume", volID, "group", v.mountGroup)
-		v.mountGroup = ""
-	}
-
-	id, idErr := parseVolumeID(volID)
-	// foreign: a persistent volume whose id is not blobfs's. h is its
-	// handle when that is in blob-csi-driver's format (hErr nil).
-	foreign := idErr != nil && !p.Ephemeral
-	var h blobCSIHandle
-	hErr := idErr
-	if foreign && !strings.HasPrefix(volID, volumeIDPrefix+"#") {
-		h, hErr = parseBlobCSIHandle(volID)
-	}
-	if foreign && hErr != nil && p.ContainerName == "" {
-		return v, invalid("volume_id: %v", hErr)
-	}
-	if !p.Ephemeral && p.SecretName != "" {
-		p.SecretNamespace = p.secretNamespaceFor(h.SecretNamespace)
-	}
-	v.params = p
-
-	podNS := ""
-	if p.Ephemeral {
-		podNS = p.PodNamespace
-	}
-	v.creds, v.source, err = d.credentialsFor(ctx, secrets, p, "secrets", podNS)
-	if err != nil {
-		return v, err
-	}
-	if foreign && v.source == "identity" && !azureADAuthType(p.AuthType) {
-		account := p.StorageAccount
-		if account == "" {
-			account = h.Account
-		}
-		if v.creds, v.source, err = d.blobCSISecret(ctx, account, p.secretNamespaceFor(h.SecretNamespace)); err != nil {
-			return v, err
-		}
-	}
-	switch {
-	case !foreign && !p.Ephemeral:
-		if p.ContainerName != "" && p.ContainerName != id.Container || p.StorageAccount != "" && p.StorageAccount != id.Account {
-			return v, invalid("volume_context: containerName/storageAccount %q/%q contradict the volume id's %q/%q", p.ContainerName, p.StorageAccount, id.Container, id.Account)
-		}
-	case p.Ephemeral && p.ContainerName == "":
-		return v, invalid("volume_context: an inline volume needs containerName (and storageAccount or a secret naming the account)")
-	default:
-		// volume_context first, then the handle, as blob-csi-driver.
-		q := p
-		if q.ContainerName == "" {
-			q.ContainerName = h.Container
-		}
-		if q.StorageAccount == "" && v.creds.Account == "" {
-			q.StorageAccount = h.Account
-		}
-		account, endpoint, err := q.target(v.creds)
-		if err != nil {
-			return v, invalid("volume_context: %v", err)
-		}
-		id = volumeID{Account: account, Container: q.ContainerName, Endpoint: endpoint}
-		if err := id.check(); err != nil {
-			return v, invalid("volume_context: %v", err)
-		}
-	}
-	if p.Ephemeral && (azureADAuthType(p.AuthType) || p.AuthType == "" && v.creds.empty()) {
-		// A Secret with only an account name (or msisecret), or an
-		// Azure AD auth type, would borrow the driver's identity.
-		return v, invalid("credentials: an inline volume needs an account key, SAS token or connection string in its Secret; the driver's own Azure AD identity is not lent to inline volumes")
-	}
-	v.id = id
-	v.cfg, err = azureConfig(id, v.creds, p)
-	if err != nil {
-		return v, invalid("credentials: %v", err)
-	}
-	return v, nil
-}
-
-// azureADAuthType: the volume asks for Azure AD (the driver's identity),
-// not a key.
-func azureADAuthType(t string) bool {
-	switch t {
-	case "msi", "workloadidentity", "spn", blobstore.AzureAuthAzureAD:
-		return true
-	}
-	return false
-}
-
-// blobCSISecret reads the Secret blob-csi-driver keeps an account's key in
-// (blobCSISecretName), for a volume with a handle of its making that came
-// with no credentials. When it does not exist, or the driver has no
-// Kubernetes API to ask (it runs outside a cluster), the driver's identity
-// is used, as blob-csi-driver then uses its cluster identity; any other
-// failure to read it is Unavailable (kubelet retries). It returns the
-// credentials and where they came from.
-func (d *Driver) blobCSISecret(ctx context.Context, account, ns string) (credentials, string, error) {
-	if d.secrets == nil || account == "" {
-		return credentials{}, "identity", nil
-	}
-	name := blobCSISecretName(account)
-	data, err := d.secrets.GetSecret(ctx, ns, name)
-	switch {
-	case errors.Is(err, ErrSecretNotFound):
-		return credentials{}, "identity", nil
-	case err != nil:
-		return credentials{}, "", status.Errorf(codes.Unavailable, "read blob-csi-driver's account key Secret %s/%s: %v", ns, name, err)
-	}
-	c, err := parseSecrets(data, fmt.Sprintf("secret %s/%s", ns, name))
-	if err != nil {
-		return c, "", invalid("%v", err)
-	}
-	d.log.Info("credentials from blob-csi-driver's account key Secret", "secret", ns+"/"+name)
-	return c, "secret:" + ns + "/" + name, nil
 }
 
 // cacheDirFor is a volume's spill directory.
@@ -241,89 +84,46 @@ func (v nodeVolume) record() VolumeRecord {
 }
 
 func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRequest) (*csipb.NodeStageVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, invalid("volume_id is missing")
-	}
-	staging, err := d.checkPath("staging_target_path", req.GetStagingTargetPath())
-	if err != nil {
-		return nil, invalid("%v", err)
-	}
-	if req.GetVolumeCapability() == nil {
-		return nil, invalid("volume_capability is missing")
-	}
-	v, err := d.resolveVolume(ctx, req.GetVolumeId(), req.GetVolumeContext(), req.GetSecrets(), req.GetVolumeCapability(), false)
+	r, err := d.parseStage(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	if v.params.Ephemeral {
-		return nil, invalid("volume_context: inline ephemeral volumes are not staged")
+	if !d.locks.tryLock(r.volumeID) {
+		return nil, busy(r.volumeID)
 	}
+	defer d.locks.unlock(r.volumeID)
 
-	if !d.locks.tryLock(v.volumeID) {
-		return nil, busy(v.volumeID)
+	old, staged := d.state.Get(r.volumeID)
+	switch {
+	case staged && old.Ephemeral:
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is in use as an inline volume", r.volumeID)
+	case staged && old.StagingPath != r.staging:
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is already staged at %s", r.volumeID, old.StagingPath)
 	}
-	defer d.locks.unlock(v.volumeID)
-
-	if rec, ok := d.state.Get(v.volumeID); ok {
-		if rec.Ephemeral {
-			return nil, status.Errorf(codes.FailedPrecondition, "volume %q is in use as an inline volume", v.volumeID)
-		}
-		if rec.StagingPath != staging {
-			return nil, status.Errorf(codes.FailedPrecondition, "volume %q is already staged at %s", v.volumeID, rec.StagingPath)
-		}
-	}
-	mp, err := d.openForMount("staging_target_path", staging)
+	// Opened under the lock: opening creates the path's missing parents.
+	mp, err := d.openForMount("staging_target_path", r.staging)
 	if err != nil {
 		return nil, err
 	}
 	defer mp.Close()
 	st := d.mounter.Status(ctx, mp)
-	deadDev := "" // the device of a dead mount replaced here (views.go)
-	if old, ok := d.state.Get(v.volumeID); ok && st.State == PathMounted && v.mountGroup != "" && v.mountGroup != old.MountGroup {
-		// Staged for another fsGroup (mountgroup.go): mounted again
-		// for this one if no pod uses it; else it keeps its group and
-		// NodePublishVolume refuses the pod.
-		if users := d.otherTargets(ctx, old, ""); len(users) > 0 {
-			d.log.Info("staged volume keeps its group while pods use it", "volume", v.volumeID, "group", old.MountGroup, "asked", v.mountGroup, "targets", len(users))
-		} else {
-			d.log.Info("staged volume is mounted again for another group", "volume", v.volumeID, "group", old.MountGroup, "new", v.mountGroup)
-			if err := d.mounter.UnmountVolume(ctx, mp); err != nil {
-				return nil, storeError("unmount "+staging+" to mount it for group "+v.mountGroup, err)
-			}
-			st = PathStatus{State: PathNotMounted}
+	if staged && st.State == PathMounted && r.mountGroup != "" && r.mountGroup != old.MountGroup {
+		if st, err = d.unmountForGroup(ctx, r, old, mp, st); err != nil {
+			return nil, err
 		}
 	}
-	switch st.State {
-	case PathMounted:
-		// Already staged (a retry, or a record lost): the path names the
-		// volume (kubelet puts the hash of the volume id in it).
-		if _, ok := d.state.Get(v.volumeID); ok {
-			d.setCreds(v.volumeID, v.creds)
-			return &csipb.NodeStageVolumeResponse{}, nil
-		}
-	case PathCorrupted:
-		d.log.Warn("staging path holds a dead mount; mounting again", "volume", v.volumeID, "path", staging, "err", st.Err)
-		if dev, err := mountDevice(mp); err == nil {
-			deadDev = dev
-		}
-		if err := d.mounter.UnmountVolume(ctx, mp); err != nil {
-			return nil, status.Errorf(codes.Internal, "remove dead mount at %s: %v", staging, err)
-		}
-		fallthrough
-	default:
-		if err := mp.mkdir(); err != nil {
-			return nil, pathError(err)
-		}
-		if err := d.mounter.MountVolume(ctx, mp, d.mountSpec(v.volumeID, v.cfg, v.settings, v.readOnly, v.mountGroup)); err != nil {
-			return nil, storeError(fmt.Sprintf("mount container %q at %s", v.id.Container, staging), err)
-		}
+	if staged && st.State == PathMounted {
+		// Already done: a retry.
+		d.setCreds(r.volumeID, r.creds)
+		return &csipb.NodeStageVolumeResponse{}, nil
 	}
-	rec := v.record()
-	rec.StagingPath = staging
-	if old, ok := d.state.Get(v.volumeID); ok {
-		rec.Targets = old.Targets
-		rec.DeadDevices = old.DeadDevices
+	deadDev, err := d.mountStaging(ctx, r, mp, st)
+	if err != nil {
+		return nil, err
 	}
+	rec := r.record()
+	rec.StagingPath = r.staging
+	rec.Targets, rec.DeadDevices = old.Targets, old.DeadDevices
 	if deadDev != "" && !slices.Contains(rec.DeadDevices, deadDev) {
 		rec.DeadDevices = append(rec.DeadDevices, deadDev)
 	}
@@ -331,22 +131,63 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolume
 	// next health check, after it has bound the targets again: their
 	// dead binds must be gone from the node's namespaces first, or the
 	// scan would take them for containers' views.
-	if err := d.recordMounted(ctx, v, rec, mp); err != nil {
+	if err := d.recordMounted(ctx, r.nodeVolume, rec, mp); err != nil {
 		return nil, err
 	}
-	d.log.Info("volume staged", "volume", v.volumeID, "container", v.id.Container, "path", staging, "read_only", v.readOnly, "group", rec.MountGroup)
+	d.log.Info("volume staged", "volume", r.volumeID, "container", r.id.Container, "path", r.staging, "read_only", r.readOnly, "group", rec.MountGroup)
 	return &csipb.NodeStageVolumeResponse{}, nil
 }
 
+// unmountForGroup unmounts a volume staged for another fsGroup
+// (mountgroup.go), so that it is mounted again for the request's, if no
+// pod uses it, and returns the staging path's new status; else the mount
+// keeps its group (NodePublishVolume then refuses the pod) and st, the
+// path's status, is returned as it was.
+func (d *Driver) unmountForGroup(ctx context.Context, r stageRequest, old VolumeRecord, mp *MountPoint, st PathStatus) (PathStatus, error) {
+	if users := d.otherTargets(ctx, old, ""); len(users) > 0 {
+		d.log.Info("staged volume keeps its group while pods use it", "volume", r.volumeID, "group", old.MountGroup, "asked", r.mountGroup, "targets", len(users))
+		return st, nil
+	}
+	d.log.Info("staged volume is mounted again for another group", "volume", r.volumeID, "group", old.MountGroup, "new", r.mountGroup)
+	if err := d.mounter.UnmountVolume(ctx, mp); err != nil {
+		return PathStatus{}, storeError("unmount "+r.staging+" to mount it for group "+r.mountGroup, err)
+	}
+	return PathStatus{State: PathNotMounted}, nil
+}
+
+// mountStaging mounts the volume at its staging path, st being what is
+// there. A dead mount is removed first, and its device returned: running
+// containers still hold copies of it (views.go). A live mount without a
+// record (the record was lost) is kept: the path names the volume, since
+// kubelet puts the hash of the volume id in it.
+func (d *Driver) mountStaging(ctx context.Context, r stageRequest, mp *MountPoint, st PathStatus) (deadDev string, err error) {
+	switch st.State {
+	case PathMounted:
+		return "", nil
+	case PathCorrupted:
+		d.log.Warn("staging path holds a dead mount; mounting again", "volume", r.volumeID, "path", r.staging, "err", st.Err)
+		if dev, err := mountDevice(mp); err == nil {
+			deadDev = dev
+		}
+		if err := d.mounter.UnmountVolume(ctx, mp); err != nil {
+			return "", status.Errorf(codes.Internal, "remove dead mount at %s: %v", r.staging, err)
+		}
+	}
+	if err := mp.mkdir(); err != nil {
+		return "", pathError(err)
+	}
+	if err := d.mounter.MountVolume(ctx, mp, d.mountSpec(r.volumeID, r.cfg, r.settings, r.readOnly, r.mountGroup)); err != nil {
+		return "", storeError(fmt.Sprintf("mount container %q at %s", r.id.Container, r.staging), err)
+	}
+	return deadDev, nil
+}
+
 func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolumeRequest) (*csipb.NodeUnstageVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, invalid("volume_id is missing")
-	}
-	staging, err := d.checkPath("staging_target_path", req.GetStagingTargetPath())
+	r, err := d.parseUnmount(req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath())
 	if err != nil {
-		return nil, invalid("%v", err)
+		return nil, err
 	}
-	id := req.GetVolumeId()
+	id, staging := r.volumeID, r.path
 	if !d.locks.tryLock(id) {
 		return nil, busy(id)
 	}
@@ -410,55 +251,6 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVo
 	}
 	d.log.Info("volume unstaged", "volume", id, "path", staging)
 	return &csipb.NodeUnstageVolumeResponse{}, nil
-}
-
-// publishRequest is a NodePublishVolume request, checked: what the rest
-// of the call acts on.
-type publishRequest struct {
-	id       string
-	target   string // checked to lie in the kubelet directory
-	staging  string // "" for an inline volume
-	readOnly bool   // the capability's or the request's
-	group    string // the fsGroup to mount for ("" none)
-	params   volumeParams
-}
-
-// parsePublish checks a NodePublishVolume request, in the order its errors
-// are reported. An inline volume has no staging path to check.
-func (d *Driver) parsePublish(req *csipb.NodePublishVolumeRequest) (publishRequest, error) {
-	r := publishRequest{id: req.GetVolumeId()}
-	if r.id == "" {
-		return r, invalid("volume_id is missing")
-	}
-	var err error
-	if r.target, err = d.checkPath("target_path", req.GetTargetPath()); err != nil {
-		return r, invalid("%v", err)
-	}
-	if r.readOnly, _, err = checkCapability("volume_capability", req.GetVolumeCapability()); err != nil {
-		return r, err
-	}
-	r.readOnly = r.readOnly || req.GetReadonly()
-	if r.group, err = mountGroupOf("volume_capability", req.GetVolumeCapability()); err != nil {
-		return r, err
-	}
-	if r.params, err = parseParams(req.GetVolumeContext(), "volume_context"); err != nil {
-		return r, invalid("%v", err)
-	}
-	if r.params.Ephemeral {
-		return r, nil
-	}
-	if r.params.NoFSGroup {
-		r.group = "" // fsGroupChangePolicy None, as at NodeStageVolume
-	}
-	if r.staging, err = d.checkPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
-		return r, invalid("%v (this driver stages volumes)", err)
-	}
-	if len(req.GetSecrets()) > 0 {
-		if _, err := parseSecrets(req.GetSecrets(), "secrets"); err != nil {
-			return r, invalid("%v", err)
-		}
-	}
-	return r, nil
 }
 
 func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
@@ -640,14 +432,11 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csipb.NodePublishVol
 }
 
 func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublishVolumeRequest) (*csipb.NodeUnpublishVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, invalid("volume_id is missing")
-	}
-	target, err := d.checkPath("target_path", req.GetTargetPath())
+	r, err := d.parseUnmount(req.GetVolumeId(), "target_path", req.GetTargetPath())
 	if err != nil {
-		return nil, invalid("%v", err)
+		return nil, err
 	}
-	id := req.GetVolumeId()
+	id, target := r.volumeID, r.path
 	if !d.locks.tryLock(id) {
 		return nil, busy(id)
 	}

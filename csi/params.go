@@ -3,16 +3,17 @@ package csi
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
 	"github.com/blobfs/blobfs/fusefs/kernel"
+	"github.com/blobfs/blobfs/mountopt"
 )
 
 // Volume parameters (StorageClass parameters, PV volumeAttributes, inline
@@ -516,74 +517,62 @@ func sanitizeContainerName(s string) string {
 
 // mountSettings are the per-volume settings from mount options.
 type mountSettings struct {
-	FS    fusefs.Options
-	Mount kernel.MountOptions
-	Retry blobstore.RetryPolicy
+	mountopt.Settings
 	// Options is the canonical form, "name=value", sorted: what the node
 	// state records.
 	Options []string
 }
 
-// mountOptionNames is the allow-list: the `blobfs mount` flags that make
-// sense for one volume (not the store, the cache directory or logging,
-// which the driver owns), and the aliases mount(8) users know.
-var mountOptionNames = []string{
-	"block-cache-mb", "read-block-mb", "readahead-blocks", "prefetch-files", "walk-ahead",
-	"upload-block-mb", "upload-concurrency", "attr-timeout", "entry-timeout", "negative-timeout",
-	"list-timeout", "read-only", "allow-other", "uid", "gid", "umask",
-	"fuse-readers", "retry-attempts", "retry-max-delay", "debug-fuse",
-	"file-mode", "dir-mode", "posix-attrs", "write-back", "write-back-mb", "verify-md5",
-}
-
-// blobfuseMountOptions are the blobfuse options of blob-csi-driver's
-// examples that blobfs takes besides its own (allow_other, ro, uid, gid,
-// umask, attr_timeout, entry_timeout, negative_timeout in seconds): they
-// ask for nothing blobfs does differently, so they change nothing.
-var blobfuseMountOptions = []string{
-	"file-cache-timeout-in-seconds", "file-cache-timeout", "cancel-list-on-mount-seconds",
-	"cache-size-mb", "use-attr-cache", "log-level", "tmp-path", "virtual-directory=true", "use-adls=false",
-}
-
 // defaultMountSettings: pods run with any uid, so CSI mounts let every
 // user in (allow-other) and show blobs that carry no attributes of their
 // own as rwx to all (umask 0), unless the volume's mount options say
-// otherwise. New entries get the mode their creator asked for.
+// otherwise. New entries get the mode their creator asked for. The rest
+// are fusefs's defaults, which are blobfs mount's.
 func defaultMountSettings() mountSettings {
-	return mountSettings{
+	return mountSettings{Settings: mountopt.Settings{
 		FS:    fusefs.Options{Umask: 0},
 		Mount: kernel.MountOptions{AllowOther: true},
-	}
+	}}
 }
 
 // parseMountOptions applies mount options (PV mountOptions, the
-// mountOptions parameter) through the allow-list (mountOptionTable).
-// Forms: "name=value", "--name=value", "name" for true, "-o a,b", several
-// separated by spaces. Errors name the option.
+// mountOptions parameter): the options of the table (mountopt.Table) that
+// CSI volumes may set, under their names and aliases, and the ones that
+// change nothing (unchangingMountOptions). Forms: "name=value",
+// "--name=value", "name" for true, "-o a,b", several separated by
+// spaces; "_" stands for "-". Errors name the option.
 func parseMountOptions(opts []string, field string) (mountSettings, error) {
 	s := defaultMountSettings()
 	set := map[string]string{}
 	for _, o := range splitMountOptions(opts) {
-		name, val, hasVal := strings.Cut(strings.TrimLeft(o, "-"), "=")
+		name, raw, hasVal := strings.Cut(strings.TrimLeft(o, "-"), "=")
 		name = strings.ReplaceAll(strings.ToLower(strings.TrimSpace(name)), "_", "-")
-		v := optionValue{raw: strings.TrimSpace(val), given: hasVal, option: o, field: field}
-		opt, ok := mountOptionByName[name]
-		if !ok {
-			return s, v.bad(fmt.Sprintf("not supported (supported: %s, ro; of blobfuse's: %s)", strings.Join(mountOptionNames, ", "), strings.Join(blobfuseMountOptions, ", ")))
+		raw = strings.TrimSpace(raw)
+		bad := func(why string) error {
+			return fmt.Errorf("%s: mount option %q: %s", field, clip(o, 80), why)
 		}
-		if err := opt.apply(&s, name, v); err != nil {
-			return s, err
-		}
-		if opt.unrecorded {
+		if check, ok := unchangingMountOptions[name]; ok {
+			if err := check(raw, hasVal); err != nil {
+				return s, bad(err.Error())
+			}
 			continue
 		}
-		if opt.recordAs != "" {
-			name = opt.recordAs
+		opt := mountopt.Lookup(name)
+		if opt == nil || !opt.CSI {
+			return s, bad(fmt.Sprintf("not supported (supported: %s; of blobfuse's: %s)", strings.Join(csiMountOptionNames(), ", "), strings.Join(blobfuseMountOptions, ", ")))
 		}
-		if hasVal {
-			set[name] = v.raw
-		} else {
-			set[name] = "true"
+		if !hasVal && opt.Kind == mountopt.Bool {
+			raw = "true"
 		}
+		v, err := opt.Parse(raw)
+		if err == nil {
+			err = opt.Check(v)
+		}
+		if err != nil {
+			return s, bad(err.Error())
+		}
+		opt.Apply(&s.Settings, v)
+		set[opt.Name] = raw
 	}
 	cache, read := s.FS.BlockCacheBytes, s.FS.ReadBlockSize
 	if cache == 0 {
@@ -600,6 +589,19 @@ func parseMountOptions(opts []string, field string) (mountSettings, error) {
 	}
 	slices.Sort(s.Options)
 	return s, nil
+}
+
+// csiMountOptionNames are the names CSI volumes may use, for errors: the
+// table's options CSI volumes may set, then their aliases.
+func csiMountOptionNames() []string {
+	var names, aliases []string
+	for _, o := range mountopt.Table {
+		if o.CSI {
+			names = append(names, o.Name)
+			aliases = append(aliases, o.Aliases...)
+		}
+	}
+	return append(names, aliases...)
 }
 
 // splitMountOptions flattens mount options into single options. They may
@@ -623,212 +625,68 @@ func splitMountOptions(opts []string) []string {
 	return flat
 }
 
-// optionValue is one mount option's value as given.
-type optionValue struct {
-	raw    string
-	given  bool   // "name=value" rather than "name"
-	option string // the option as written, for errors
-	field  string // where it came from, for errors
+// blobfuseMountOptions are the blobfuse options of blob-csi-driver's
+// examples that blobfs takes besides its own (allow_other, ro, uid, gid,
+// umask, attr_timeout, entry_timeout, negative_timeout in seconds): they
+// ask for nothing blobfs does differently, so they change nothing.
+var blobfuseMountOptions = []string{
+	"file-cache-timeout-in-seconds", "file-cache-timeout", "cancel-list-on-mount-seconds",
+	"cache-size-mb", "use-attr-cache", "log-level", "tmp-path", "virtual-directory=true", "use-adls=false",
 }
 
-func (v optionValue) bad(why string) error {
-	return fmt.Errorf("%s: mount option %q: %s", v.field, clip(v.option, 80), why)
-}
-
-func (v optionValue) boolean() (bool, error) {
-	if !v.given {
-		return true, nil
-	}
-	b, err := strconv.ParseBool(v.raw)
-	if err != nil {
-		return false, v.bad("not true or false")
-	}
-	return b, nil
-}
-
-func (v optionValue) integer(lo, hi int64) (int64, error) {
-	n, err := strconv.ParseInt(v.raw, 10, 64)
-	if !v.given || err != nil || n < lo || n > hi {
-		return 0, v.bad(fmt.Sprintf("needs an integer in [%d, %d]", lo, hi))
-	}
-	return n, nil
-}
-
-// duration takes Go's form or whole seconds, as FUSE's attr_timeout=120
-// and blobfuse's.
-func (v optionValue) duration() (time.Duration, error) {
-	d, err := time.ParseDuration(v.raw)
-	if n, nerr := strconv.ParseUint(v.raw, 10, 32); nerr == nil {
-		d, err = time.Duration(n)*time.Second, nil
-	}
-	if !v.given || err != nil || d < 0 || d > 24*time.Hour {
-		return 0, v.bad("needs a duration like 1s, 500ms or 120 (seconds); 0 disables")
-	}
-	return d, nil
-}
-
-func (v optionValue) mode(max uint64, example string) (uint32, error) {
-	n, err := strconv.ParseUint(v.raw, 8, 32)
-	if !v.given || err != nil || n > max {
-		return 0, v.bad(fmt.Sprintf("needs an octal mode within %#o, e.g. %s", max, example))
-	}
-	return uint32(n), nil
-}
-
-// mountOption is one row of the allow-list: the names it goes by, and
-// what its value does to the settings (name is the one used).
-type mountOption struct {
-	names []string
-	apply func(s *mountSettings, name string, v optionValue) error
-	// recordAs is the name the node state records it under ("" for the
-	// name used); unrecorded options change nothing (the default, or
-	// blobfuse's, accepted for moving over).
-	recordAs   string
-	unrecorded bool
-}
-
-// Rows of the table, by kind of value.
-
-func boolOption(set func(*mountSettings, bool), names ...string) mountOption {
-	return mountOption{names: names, apply: func(s *mountSettings, _ string, v optionValue) error {
-		b, err := v.boolean()
-		set(s, b)
-		return err
-	}}
-}
-
-func intOption(lo, hi int64, set func(*mountSettings, int64), names ...string) mountOption {
-	return mountOption{names: names, apply: func(s *mountSettings, _ string, v optionValue) error {
-		n, err := v.integer(lo, hi)
-		set(s, n)
-		return err
-	}}
-}
-
-// timeoutOption: 0 disables, as for `blobfs mount`.
-func timeoutOption(set func(*mountSettings, time.Duration), names ...string) mountOption {
-	return mountOption{names: names, apply: func(s *mountSettings, _ string, v optionValue) error {
-		d, err := v.duration()
-		if d == 0 {
-			d = -1
-		}
-		set(s, d)
-		return err
-	}}
-}
-
-// acceptedOption is an option of blobfuse's that asks for nothing blobfs
-// does differently: its value is checked, and it changes nothing.
-func acceptedOption(check func(v optionValue) error, names ...string) mountOption {
-	return mountOption{names: names, unrecorded: true, apply: func(_ *mountSettings, _ string, v optionValue) error {
-		return check(v)
-	}}
-}
-
-// mountOptionTable is the allow-list: the `blobfs mount` flags that make
-// sense for one volume (mountOptionNames), their aliases, and blobfuse's
-// options of blob-csi-driver's examples (blobfuseMountOptions).
-var mountOptionTable = []mountOption{
-	{names: []string{"ro", "read-only"}, recordAs: "read-only", apply: func(s *mountSettings, _ string, v optionValue) error {
-		b, err := v.boolean()
-		s.FS.ReadOnly, s.Mount.ReadOnly = b, b
-		return err
-	}},
-	{names: []string{"rw", "defaults"}, unrecorded: true, apply: func(*mountSettings, string, optionValue) error { return nil }},
-	boolOption(func(s *mountSettings, b bool) { s.Mount.AllowOther = b }, "allow-other"),
-	boolOption(func(s *mountSettings, b bool) { s.Mount.Debug = b }, "debug-fuse"),
-	intOption(8, 64<<10, func(s *mountSettings, n int64) { s.FS.BlockCacheBytes = n << 20 }, "block-cache-mb"),
-	intOption(1, 256, func(s *mountSettings, n int64) { s.FS.ReadBlockSize = n << 20 }, "read-block-mb"),
-	intOption(1, 4000, func(s *mountSettings, n int64) { s.FS.UploadBlockSize = n << 20 }, "upload-block-mb"),
-	intOption(1, 1024, func(s *mountSettings, n int64) { s.FS.MaxReadAheadBlocks = int(n) }, "readahead-blocks"),
-	intOption(1, 256, func(s *mountSettings, n int64) { s.FS.UploadConcurrency = int(n) }, "upload-concurrency"),
-	intOption(0, 1024, func(s *mountSettings, n int64) { s.FS.PrefetchFiles = zeroDisables(n) }, "prefetch-files"),
-	intOption(0, 10_000_000, func(s *mountSettings, n int64) { s.FS.WalkAhead = zeroDisables(n) }, "walk-ahead"),
-	boolOption(func(s *mountSettings, b bool) { s.FS.WriteBack = b }, "write-back"),
-	// validate-md5: blobfuse2's name for the same check.
-	boolOption(func(s *mountSettings, b bool) { s.FS.NoContentCheck = !b }, "verify-md5", "validate-md5"),
-	intOption(1, 1<<30, func(s *mountSettings, n int64) { s.FS.WriteBackBytes = n << 20 }, "write-back-mb"),
-	intOption(1, 64, func(s *mountSettings, n int64) { s.Mount.Readers = int(n) }, "fuse-readers"),
-	intOption(1, 100, func(s *mountSettings, n int64) { s.Retry.MaxAttempts = int(n) }, "retry-attempts"),
-	// Given, uid and gid are the owner of every file, as for blobfs mount.
-	intOption(0, 1<<32-2, func(s *mountSettings, n int64) { s.FS.UID, s.FS.ForceOwner = uint32(n), true }, "uid"),
-	intOption(0, 1<<32-2, func(s *mountSettings, n int64) { s.FS.GID, s.FS.ForceOwner = uint32(n), true }, "gid"),
-	{names: []string{"file-mode", "dir-mode"}, apply: func(s *mountSettings, name string, v optionValue) error {
-		m, err := v.mode(0o7777, "0750")
-		if name == "file-mode" {
-			s.FS.FileMode = m
-		} else {
-			s.FS.DirMode = m
-		}
-		s.FS.ForcePerm = true
-		return err
-	}},
-	boolOption(func(s *mountSettings, b bool) { s.FS.NoAttrWrites = !b }, "posix-attrs"),
-	{names: []string{"umask"}, apply: func(s *mountSettings, _ string, v optionValue) error {
-		m, err := v.mode(0o777, "022")
-		s.FS.Umask = m
-		return err
-	}},
-	timeoutOption(func(s *mountSettings, d time.Duration) { s.FS.AttrTimeout = d }, "attr-timeout"),
-	timeoutOption(func(s *mountSettings, d time.Duration) { s.FS.EntryTimeout = d }, "entry-timeout"),
-	timeoutOption(func(s *mountSettings, d time.Duration) { s.FS.NegativeTimeout = d }, "negative-timeout"),
-	timeoutOption(func(s *mountSettings, d time.Duration) { s.FS.ListTimeout = d }, "list-timeout"),
-	{names: []string{"retry-max-delay"}, apply: func(s *mountSettings, _ string, v optionValue) error {
-		var err error
-		s.Retry.MaxDelay, err = v.duration()
-		return err
-	}},
+// unchangingMountOptions are accepted and change nothing: mount(8)'s rw
+// and defaults, and blobfuse's options of blob-csi-driver's examples
+// (blobfuseMountOptions), whose values are checked. Neither is recorded.
+var unchangingMountOptions = map[string]func(raw string, given bool) error{
+	"rw":       func(string, bool) error { return nil },
+	"defaults": func(string, bool) error { return nil },
 	// blobfuse's whole-file cache and its listing at mount: blobfs keeps
 	// no file cache (it reads blocks on demand) and lists nothing at
 	// mount.
-	acceptedOption(func(v optionValue) error {
-		if _, err := strconv.ParseUint(v.raw, 10, 63); !v.given || err != nil {
-			return v.bad("needs a whole number")
-		}
-		return nil
-	}, "file-cache-timeout-in-seconds", "file-cache-timeout", "cancel-list-on-mount-seconds", "cache-size-mb"),
+	"file-cache-timeout-in-seconds": wholeNumber,
+	"file-cache-timeout":            wholeNumber,
+	"cancel-list-on-mount-seconds":  wholeNumber,
+	"cache-size-mb":                 wholeNumber,
 	// blobfs caches attributes for attr-timeout.
-	acceptedOption(func(v optionValue) error {
-		_, err := v.boolean()
+	"use-attr-cache": func(raw string, given bool) error {
+		_, err := blobfuseBool(raw, given)
 		return err
-	}, "use-attr-cache"),
+	},
 	// The driver owns logging and the cache directory.
-	acceptedOption(func(optionValue) error { return nil }, "log-level", "tmp-path"),
+	"log-level": func(string, bool) error { return nil },
+	"tmp-path":  func(string, bool) error { return nil },
 	// blobfs's directories are blob name prefixes (and marker blobs), as
 	// blobfuse's virtual directories.
-	acceptedOption(func(v optionValue) error {
-		if on, err := v.boolean(); err != nil || !on {
-			return v.bad("blobfs always has virtual directories (true)")
+	"virtual-directory": func(raw string, given bool) error {
+		if on, err := blobfuseBool(raw, given); err != nil || !on {
+			return errors.New("blobfs always has virtual directories (true)")
 		}
 		return nil
-	}, "virtual-directory"),
-	acceptedOption(func(v optionValue) error {
-		if on, err := v.boolean(); err != nil || on {
-			return v.bad(whyHNS)
+	},
+	"use-adls": func(raw string, given bool) error {
+		if on, err := blobfuseBool(raw, given); err != nil || on {
+			return errors.New(whyHNS)
 		}
 		return nil
-	}, "use-adls"),
+	},
 }
 
-// mountOptionByName indexes mountOptionTable by every name.
-var mountOptionByName = func() map[string]*mountOption {
-	m := map[string]*mountOption{}
-	for i := range mountOptionTable {
-		for _, n := range mountOptionTable[i].names {
-			if m[n] != nil {
-				panic("mount option " + n + " defined twice")
-			}
-			m[n] = &mountOptionTable[i]
-		}
+// wholeNumber checks a blobfuse option that takes seconds or MiB.
+func wholeNumber(raw string, given bool) error {
+	if _, err := strconv.ParseUint(raw, 10, 63); !given || err != nil {
+		return errors.New("needs a whole number")
 	}
-	return m
-}()
+	return nil
+}
 
-// zeroDisables: 0 disables a count, as for blobfs mount (-1 in
-// fusefs.Options).
-func zeroDisables(n int64) int {
-	if n == 0 {
-		return -1
+// blobfuseBool is a boolean option's value; the name alone is true.
+func blobfuseBool(raw string, given bool) (bool, error) {
+	if !given {
+		return true, nil
 	}
-	return int(n)
+	b, err := strconv.ParseBool(raw)
+	if err != nil {
+		return false, errors.New("not true or false")
+	}
+	return b, nil
 }

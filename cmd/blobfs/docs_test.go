@@ -13,6 +13,8 @@ import (
 	"unicode"
 
 	"github.com/spf13/pflag"
+
+	"github.com/blobfs/blobfs/mountopt"
 )
 
 // TestDocs keeps README.md and docs/*.md true to the code: the links
@@ -311,13 +313,26 @@ func checkFlagTables(t *testing.T, docs []*mdFile) {
 			}
 		})
 	}
-	// CSI mount options are mount flags (and the aliases csi accepts).
-	aliases := map[string]bool{"ro": true, "allow_other": true, "validate-md5": true}
+	// The CSI mount options are exactly the options of mountopt's table
+	// that CSI volumes may set (named, or by an alias), and each is a
+	// blobfs mount flag.
+	documented := map[string]bool{}
 	for _, cell := range tableFirstColumns(t, ref, "Mount options of CSI volumes") {
 		for _, m := range codeSpan.FindAllStringSubmatch(cell, -1) {
-			if sets["mount"].Lookup(m[1]) == nil && !aliases[m[1]] {
+			o := mountopt.Lookup(strings.ReplaceAll(m[1], "_", "-"))
+			if o == nil || !o.CSI {
+				t.Errorf("docs/reference.md, mount options of CSI volumes: %s is not a mount option CSI volumes may set (mountopt.Table)", m[1])
+				continue
+			}
+			documented[o.Name] = true
+			if sets["mount"].Lookup(o.Name) == nil {
 				t.Errorf("docs/reference.md, mount options of CSI volumes: %s is not a blobfs mount flag", m[1])
 			}
+		}
+	}
+	for _, o := range mountopt.Table {
+		if o.CSI && !documented[o.Name] {
+			t.Errorf("mount option %s, which CSI volumes may set, has no row in docs/reference.md, \"Mount options of CSI volumes\"", o.Name)
 		}
 	}
 }

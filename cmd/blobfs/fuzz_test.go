@@ -62,7 +62,7 @@ func FuzzFstabOptions(f *testing.F) {
 			oneLine("checkFlags", err)
 			return
 		}
-		if slices.Contains(opts, "ro") && !c.fs.ReadOnly {
+		if slices.Contains(opts, "ro") && !c.FS.ReadOnly {
 			t.Fatalf("%q: ro did not make the mount read-only", optList)
 		}
 		o, err := c.fsOptions(slog.New(slog.DiscardHandler))

@@ -8,6 +8,8 @@ import (
 	"unicode"
 
 	"github.com/spf13/pflag"
+
+	"github.com/blobfs/blobfs/mountopt"
 )
 
 // fstabIgnored are generic mount(8)/fstab options that mean nothing to
@@ -21,8 +23,9 @@ var fstabIgnored = map[string]bool{
 
 // runMountHelper implements mount.blobfs SOURCE MOUNTPOINT [-o OPTIONS].
 // SOURCE is an Azure container name, "azure:CONTAINER", or "local:/DIR".
-// Every mount flag is accepted as an option: -o container=x,read-only,
-// block-cache-mb=512. Mounts in the background, as mount(8) expects.
+// Every mount flag is accepted as an option, and the aliases of
+// mountopt's table: -o container=x,ro,block-cache-mb=512. Mounts in the
+// background, as mount(8) expects.
 func runMountHelper(args []string) error {
 	var positional, opts []string
 	for i := 0; i < len(args); i++ {
@@ -85,14 +88,20 @@ func helperFlags(source string, opts []string) ([]string, error) {
 		}
 		switch {
 		case o == "" || fstabIgnored[o] || strings.HasPrefix(o, "x-"):
-		case o == "ro":
-			flags = append(flags, "--read-only")
-		case o == "allow_other":
-			flags = append(flags, "--allow-other")
 		case o == "foreground" || o == "fg":
 			return nil, fmt.Errorf("option %q: mount.blobfs always detaches; use blobfs mount --foreground", o)
 		default:
-			flags = append(flags, "--"+strings.ReplaceAll(o, "_", "-"))
+			// Underscores stand for dashes in the name (allow_other),
+			// not in the value (log_file=/var/log/my_app.log).
+			name, value, hasValue := strings.Cut(o, "=")
+			name = strings.ReplaceAll(name, "_", "-")
+			if opt := mountopt.Lookup(name); opt != nil {
+				name = opt.Name // ro, validate-md5: the table's aliases
+			}
+			if hasValue {
+				name += "=" + value
+			}
+			flags = append(flags, "--"+name)
 		}
 	}
 	return flags, nil

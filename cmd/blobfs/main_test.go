@@ -35,6 +35,8 @@ func TestHelperFlags(t *testing.T) {
 		// What mount(8) shows as the source of a mount.
 		{"blobfs:shared", nil, []string{"--container=shared"}, false},
 		{"blobfs:local", []string{"ro"}, []string{"--read-only"}, false},
+		// Aliases of the option table; underscores in names only.
+		{"c", []string{"ro=false", "validate_md5=false", "log_file=/var/log/my_app.log"}, []string{"--container=c", "--read-only=false", "--verify-md5=false", "--log-file=/var/log/my_app.log"}, false},
 	} {
 		got, err := helperFlags(tc.source, tc.opts)
 		if (err != nil) != tc.err || !slices.Equal(got, tc.want) {

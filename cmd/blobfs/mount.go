@@ -26,6 +26,7 @@ import (
 	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/fsmetrics"
 	"github.com/blobfs/blobfs/fusefs/kernel"
+	"github.com/blobfs/blobfs/mountopt"
 )
 
 // mountConfig is everything `blobfs mount` is told, from flags and the
@@ -34,38 +35,29 @@ type mountConfig struct {
 	// Store selection: a local directory, or an Azure container.
 	localDir string
 	azure    blobstore.AzureConfig
-	retry    blobstore.RetryPolicy
-	fs       fusefs.Options
-	cacheMB  int64
-	listMB   int64
-	disk     diskCacheFlags
-	// writeBackMB is --write-back-mb.
-	writeBackMB int64
-	readMB      int64
-	uploadMB    int64
-	umask       uint
-	uid, gid    int
-	mount       kernel.MountOptions
-	fg          bool
-	log         logFlags
-	checkTime   time.Duration
-	grace       time.Duration
-	create      bool
-	limit       int
-	nonEmpty    bool
+	// The filesystem's options (mountopt), and --cache-dir in its FS.
+	mountopt.Settings
+	// options are the flags of the table, for checkFlags.
+	options   []*optionFlag
+	listMB    int64
+	disk      diskCacheFlags
+	fg        bool
+	log       logFlags
+	checkTime time.Duration
+	grace     time.Duration
+	create    bool
+	limit     int
+	nonEmpty  bool
 	// metricsAddr, when set, serves the mount's Prometheus metrics.
 	metricsAddr string
-	// POSIX attributes: the flags given explicitly force what every file
-	// shows (forceOwner, forcePerm), as blobfuse2 and rclone do.
-	fileMode, dirMode     uint
-	posixAttrs            bool
-	verifyMD5             bool
-	forceOwner, forcePerm bool
 }
 
 // registerMountFlags declares every mount flag; mount.blobfs -o options are
-// the same names. Keep the table in docs/reference.md in step
-// (docs_test.go checks).
+// the same names. The filesystem's options come from mountopt's table,
+// which CSI volumes share; the flags that pick the store, place the
+// process's files and say how it runs are declared here, as they are
+// this command's alone (mountopt's package doc says why). Keep the table
+// in docs/reference.md in step (docs_test.go checks).
 func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.StringVar(&c.localDir, "local-dir", "", "serve this local directory as the container (the default store when no Azure container is configured)")
 	fl.StringVar(&c.azure.Container, "container", c.azure.Container, "Azure container name (env AZURE_STORAGE_ACCOUNT_CONTAINER)")
@@ -74,41 +66,29 @@ func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.StringVar(&c.azure.Auth, "auth-type", c.azure.Auth, "key, sas, connstr, anonymous or azuread (env AZURE_STORAGE_AUTH_TYPE); default: whichever credential is given")
 	fl.BoolVar(&c.create, "create-container", false, "create the Azure container if it does not exist")
 	fl.StringVar(&c.azure.ClientID, "identity-client-id", c.azure.ClientID, "client id of a user-assigned managed identity (azuread)")
-	fl.StringVar(&c.fs.CacheDir, "cache-dir", "", "directory for spill files of files being written (default: a new directory under $TMPDIR)")
-	fl.Int64Var(&c.cacheMB, "block-cache-mb", 256, "memory for the read block cache and read-ahead, MiB")
+	fl.StringVar(&c.FS.CacheDir, "cache-dir", "", "directory for spill files of files being written (default: a new directory under $TMPDIR)")
 	fl.Int64Var(&c.listMB, "list-cache-mb", fusefs.DefaultListCacheBytes>>20, "memory for cached directory listings, MiB (about 200 bytes a name); the oldest are dropped first")
 	fl.Int64Var(&c.disk.mb, "disk-cache-mb", 0, "disk space for content read, MiB (0: no disk cache); on a read-only mount, files held whole are read by the kernel itself (FUSE passthrough)")
 	fl.StringVar(&c.disk.dir, "disk-cache-dir", "", "directory of the disk cache, on a local disk; emptied at mount (default: disk/ in the cache directory)")
-	fl.BoolVar(&c.fs.WriteBack, "write-back", false, "close returns once the data is on local disk; the upload follows in the background (fsync still waits for the store)")
-	fl.Int64Var(&c.writeBackMB, "write-back-mb", fusefs.DefaultWriteBackBytes>>20, "with --write-back: closed files' bytes that may wait for upload, MiB; over it, close uploads first")
-	fl.Int64Var(&c.readMB, "read-block-mb", 8, "size of one ranged read, MiB")
-	fl.Int64Var(&c.uploadMB, "upload-block-mb", fusefs.DefaultUploadBlockSize>>20, "size of one staged upload block, MiB")
-	fl.IntVar(&c.fs.UploadConcurrency, "upload-concurrency", 16, "blocks uploaded in parallel per file (twice as many in flight over all files being written)")
-	fl.IntVar(&c.fs.MaxReadAheadBlocks, "readahead-blocks", 0, "read-ahead fetches in flight, in blocks; the window ahead of a sequential reader is twice that, at most 3/4 of the cache (default: half of the cache, at most 32)")
-	fl.IntVar(&c.fs.PrefetchFiles, "prefetch-files", 16, "small files fetched ahead when a directory's files are read one after another in name order (0 disables)")
-	fl.IntVar(&c.fs.WalkAhead, "walk-ahead", fusefs.DefaultWalkAhead, "names a directory walk (find, du, ls -R) may list ahead of the walker from one flat listing of the tree (0 disables)")
-	fl.DurationVar(&c.fs.AttrTimeout, "attr-timeout", time.Second, "how long file attributes are cached (0 disables)")
-	fl.DurationVar(&c.fs.EntryTimeout, "entry-timeout", time.Second, "how long name lookups are cached (0 disables)")
-	fl.DurationVar(&c.fs.NegativeTimeout, "negative-timeout", time.Second, "how long a missing name is remembered (0 disables)")
-	fl.DurationVar(&c.fs.ListTimeout, "list-timeout", time.Second, "how long directory listings are cached (0 disables)")
-	fl.BoolVar(&c.fs.ReadOnly, "read-only", false, "mount read-only")
-	fl.BoolVar(&c.mount.AllowOther, "allow-other", false, "let users other than the mounting one use the mount")
-	fl.IntVar(&c.uid, "uid", os.Getuid(), "owner of files that store none; given, the owner of every file (chown refused)")
-	fl.IntVar(&c.gid, "gid", os.Getgid(), "group of files that store none; given, the group of every file (chown refused)")
-	c.umask = 0o022
-	fl.Var((*octalFlag)(&c.umask), "umask", "umask applied to modes 0777 (directories) and 0666 (files) of files that store no mode, in octal")
-	fl.Var((*octalFlag)(&c.fileMode), "file-mode", "permissions of every file, in octal, whatever is stored (chmod refused; default: stored, else 0666 minus --umask)")
-	fl.Var((*octalFlag)(&c.dirMode), "dir-mode", "permissions of every directory, in octal, whatever is stored (chmod refused; default: stored, else 0777 minus --umask)")
-	fl.BoolVar(&c.verifyMD5, "verify-md5", true, "check whole reads of a blob, and the content a change builds on, against its Content-MD5; a mismatch fails with EIO")
-	fl.BoolVar(&c.posixAttrs, "posix-attrs", true, "store modes, owners, times and special files in blob metadata; false never writes them (chmod, chown and mknod of special files refused)")
-	fl.IntVar(&c.mount.Readers, "fuse-readers", 8, "goroutines reading FUSE requests")
-	fl.IntVar(&c.mount.ReadAheadKB, "kernel-readahead-kb", 4096, "kernel read-ahead for the mount, KiB (root only; -1 keeps the kernel's 128)")
-	fl.IntVar(&c.retry.MaxAttempts, "retry-attempts", 0, "tries of one store request that fails with throttling or a transient error (a try that gets no answer within 2 minutes is one), the first included; one only while the mount's retry budget is spent (default 5)")
-	fl.DurationVar(&c.retry.MaxDelay, "retry-max-delay", 0, "longest wait between tries (default 5s)")
+	// Files that store no owner are the caller's: the table has no
+	// default for the ids of whoever mounts.
+	caller := map[string]string{"uid": strconv.Itoa(os.Getuid()), "gid": strconv.Itoa(os.Getgid())}
+	for i := range mountopt.Table {
+		o := &mountopt.Table[i]
+		def, ok := caller[o.Name]
+		if !ok {
+			def = o.Default
+		}
+		f := newOptionFlag(o, &c.Settings, def)
+		c.options = append(c.options, f)
+		flag := fl.VarPF(f, o.Name, "", o.Help)
+		if o.Kind == mountopt.Bool {
+			flag.NoOptDefVal = "true"
+		}
+	}
 	fl.BoolVar(&c.fg, "foreground", false, "stay in the foreground (default: detach once mounted)")
 	c.log.register(fl)
 	fl.StringVar(&c.log.file, "log-file", "", "log to this file, opened again at SIGHUP (default: stderr in the foreground; in the background /var/log/blobfs/blobfs-MOUNTPOINT.log as root, else under $TMPDIR)")
-	fl.BoolVar(&c.mount.Debug, "debug-fuse", false, "log every FUSE request and reply (very verbose)")
 	fl.DurationVar(&c.checkTime, "check-timeout", 30*time.Second, "how long the pre-mount check of the store may take")
 	fl.IntVar(&c.limit, "restart-limit", 10, "in the background: the supervisor gives up at this many worker crashes in a row (each within 10s of its start), having restarted the worker after each one before (10: 9 restarts); 0 or 1: never restart")
 	fl.DurationVar(&c.grace, "shutdown-grace", 10*time.Second, "on SIGTERM with files still open, how long to keep serving them (detached) before exiting")
@@ -116,30 +96,49 @@ func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.StringVar(&c.metricsAddr, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, e.g. 127.0.0.1:9810 (default: off)")
 }
 
-// octalFlag is a flag given and shown in octal, as umasks are: its
-// default shows as "(default 0022)" in --help.
-type octalFlag uint
-
-// String is the value as chmod(1) writes modes: 0022, 0644, 04755; zero is
-// "0", which pflag's help takes for "no default".
-func (o *octalFlag) String() string {
-	if *o == 0 {
-		return "0"
-	}
-	return fmt.Sprintf("0%03o", uint(*o))
+// optionFlag is an option of mountopt's table as a flag: a value given is
+// parsed and applied to the settings at once, and its bounds are checked
+// by checkFlags, which names the flag and its unit.
+type optionFlag struct {
+	opt *mountopt.Option
+	s   *mountopt.Settings
+	v   mountopt.Value
 }
 
-// Type names the value in --help: "--umask octal".
-func (o *octalFlag) Type() string { return "octal" }
-
-func (o *octalFlag) Set(s string) error {
-	v, err := strconv.ParseUint(s, 8, 32)
-	if err != nil {
-		return errors.New("not an octal number")
+// newOptionFlag applies def, the flag's default ("" none), to s.
+func newOptionFlag(o *mountopt.Option, s *mountopt.Settings, def string) *optionFlag {
+	f := &optionFlag{opt: o, s: s}
+	if def != "" {
+		v, err := o.Parse(def)
+		if err != nil {
+			panic("mount option " + o.Name + ": default " + def + ": " + err.Error()) // mountopt's tests check its defaults
+		}
+		f.v = v
+		o.ApplyDefault(s, v)
 	}
-	*o = octalFlag(v)
+	return f
+}
+
+func (f *optionFlag) Set(raw string) error {
+	v, err := f.opt.Parse(raw)
+	if err != nil {
+		return err
+	}
+	f.v = v
+	f.opt.Apply(f.s, v)
 	return nil
 }
+
+// String is the value as the flag takes it back: the worker and the
+// background process are run with it (givenArgs). Zero is "0", which
+// --help takes for "no default".
+func (f *optionFlag) String() string { return f.opt.Format(f.v) }
+
+// Type names the value in --help: "--umask octal".
+func (f *optionFlag) Type() string { return f.opt.Kind.String() }
+
+// IsBoolFlag: --help shows a boolean as "--read-only[=true|false]".
+func (f *optionFlag) IsBoolFlag() bool { return f.opt.Kind == mountopt.Bool }
 
 // storeFlags select an Azure container; --local-dir selects a local
 // directory instead, and the two do not mix.
@@ -150,8 +149,6 @@ var storeFlags = []string{"container", "account", "endpoint", "auth-type", "crea
 func (c *mountConfig) checkFlags(fl *pflag.FlagSet) error {
 	set := map[string]bool{}
 	fl.Visit(func(f *pflag.Flag) { set[f.Name] = true })
-	c.forceOwner = set["uid"] || set["gid"]
-	c.forcePerm = set["file-mode"] || set["dir-mode"]
 	if set["local-dir"] {
 		for _, f := range storeFlags {
 			if set[f] {
@@ -159,43 +156,19 @@ func (c *mountConfig) checkFlags(fl *pflag.FlagSet) error {
 			}
 		}
 	}
+	for _, f := range c.options {
+		if err := f.opt.Check(f.v); err != nil {
+			return fmt.Errorf("--%s %s: %v", f.opt.Name, f, err)
+		}
+	}
+	cacheMB, readMB := c.FS.BlockCacheBytes>>20, c.FS.ReadBlockSize>>20
 	switch {
-	case c.readMB < 1 || c.readMB > 256:
-		return fmt.Errorf("--read-block-mb %d: must be between 1 and 256 (MiB)", c.readMB)
-	case c.uploadMB < 1 || c.uploadMB > 4000:
-		return fmt.Errorf("--upload-block-mb %d: must be between 1 and 4000 (MiB; Azure's largest block)", c.uploadMB)
+	case cacheMB < 2*readMB:
+		return fmt.Errorf("--block-cache-mb %d: must hold at least two read blocks of --read-block-mb %d, so %d MiB or more", cacheMB, readMB, 2*readMB)
 	case c.listMB < 1 || c.listMB > 1<<20:
 		return fmt.Errorf("--list-cache-mb %d: must be between 1 and 1048576 (MiB)", c.listMB)
 	case c.disk.check() != nil:
 		return c.disk.check()
-	case c.writeBackMB < 1 || c.writeBackMB > 1<<30:
-		return fmt.Errorf("--write-back-mb %d: must be between 1 and 1073741824 (MiB)", c.writeBackMB)
-	case c.cacheMB < 2*c.readMB:
-		return fmt.Errorf("--block-cache-mb %d: must hold at least two read blocks of --read-block-mb %d, so %d MiB or more", c.cacheMB, c.readMB, 2*c.readMB)
-	case c.fs.UploadConcurrency < 1 || c.fs.UploadConcurrency > 256:
-		return fmt.Errorf("--upload-concurrency %d: must be between 1 and 256", c.fs.UploadConcurrency)
-	case c.fs.MaxReadAheadBlocks < 0:
-		return fmt.Errorf("--readahead-blocks %d: must not be negative (0 chooses from the cache size)", c.fs.MaxReadAheadBlocks)
-	case c.fs.PrefetchFiles < 0:
-		return fmt.Errorf("--prefetch-files %d: must not be negative (0 disables)", c.fs.PrefetchFiles)
-	case c.fs.WalkAhead < 0 || c.fs.WalkAhead > 10_000_000:
-		return fmt.Errorf("--walk-ahead %d: must be between 0 (disabled) and 10000000 names", c.fs.WalkAhead)
-	case c.umask > 0o777:
-		return fmt.Errorf("--umask %#o: must be within 0777", c.umask)
-	case c.fileMode > 0o7777:
-		return fmt.Errorf("--file-mode %#o: must be within 07777", c.fileMode)
-	case c.dirMode > 0o7777:
-		return fmt.Errorf("--dir-mode %#o: must be within 07777", c.dirMode)
-	case c.uid < 0:
-		return fmt.Errorf("--uid %d: must not be negative", c.uid)
-	case c.gid < 0:
-		return fmt.Errorf("--gid %d: must not be negative", c.gid)
-	case c.mount.Readers < 1:
-		return fmt.Errorf("--fuse-readers %d: must be at least 1", c.mount.Readers)
-	case c.retry.MaxAttempts < 0:
-		return fmt.Errorf("--retry-attempts %d: must not be negative (0 means the default, 5)", c.retry.MaxAttempts)
-	case c.retry.MaxDelay < 0:
-		return fmt.Errorf("--retry-max-delay %v: must not be negative", c.retry.MaxDelay)
 	case c.checkTime <= 0:
 		return fmt.Errorf("--check-timeout %v: must be positive", c.checkTime)
 	case c.grace < 0:
@@ -203,18 +176,7 @@ func (c *mountConfig) checkFlags(fl *pflag.FlagSet) error {
 	case c.limit < 0:
 		return fmt.Errorf("--restart-limit %d: must not be negative (0 and 1 give up at the first crash)", c.limit)
 	}
-	if err := c.log.check(); err != nil {
-		return err
-	}
-	for name, d := range map[string]time.Duration{
-		"attr-timeout": c.fs.AttrTimeout, "entry-timeout": c.fs.EntryTimeout,
-		"negative-timeout": c.fs.NegativeTimeout, "list-timeout": c.fs.ListTimeout,
-	} {
-		if d < 0 {
-			return fmt.Errorf("--%s %v: must not be negative (0 disables the cache)", name, d)
-		}
-	}
-	return nil
+	return c.log.check()
 }
 
 func newMountConfig() *mountConfig {
@@ -340,7 +302,7 @@ func (c *mountConfig) openStore(ctx context.Context, logger *slog.Logger, vol *f
 	if vol != nil {
 		vol.WatchStore(watched)
 	}
-	store := blobstore.NewRetrying(watched, c.retry)
+	store := blobstore.NewRetrying(watched, c.Retry)
 	cctx, cancel := context.WithTimeout(ctx, c.checkTime)
 	defer cancel()
 	if err := store.Check(cctx); err != nil {
@@ -367,27 +329,8 @@ func (c *mountConfig) fsName() string {
 }
 
 func (c *mountConfig) fsOptions(logger *slog.Logger) (fusefs.Options, error) {
-	o := c.fs
-	o.BlockCacheBytes = c.cacheMB << 20
-	o.ReadBlockSize = c.readMB << 20
-	o.UploadBlockSize = c.uploadMB << 20
-	o.WriteBackBytes = c.writeBackMB << 20
-	o.UID, o.GID, o.Umask = uint32(c.uid), uint32(c.gid), uint32(c.umask)
-	o.FileMode, o.DirMode = uint32(c.fileMode), uint32(c.dirMode)
-	o.ForceOwner, o.ForcePerm, o.NoAttrWrites = c.forceOwner, c.forcePerm, !c.posixAttrs
-	o.NoContentCheck = !c.verifyMD5
+	o := c.FS
 	o.StoreID = c.storeID()
-	if o.PrefetchFiles <= 0 {
-		o.PrefetchFiles = -1 // the flag's 0 means "disabled"; Options' 0 means default
-	}
-	if o.WalkAhead <= 0 {
-		o.WalkAhead = -1 // the same
-	}
-	for _, t := range []*time.Duration{&o.AttrTimeout, &o.EntryTimeout, &o.NegativeTimeout, &o.ListTimeout} {
-		if *t == 0 {
-			*t = -1 // the flag's 0 means "disabled"; Options' 0 means default
-		}
-	}
 	o.Logger = logger
 	return o, nil
 }
@@ -431,11 +374,11 @@ func mountWith(c *mountConfig, mountpoint string, args []string) error {
 	// it goes again with the mount: nobody would look in a fresh
 	// temporary directory of a mount that is gone.
 	madeCacheDir := ""
-	if c.fs.CacheDir == "" {
-		if c.fs.CacheDir, err = makeCacheDir(); err != nil {
+	if c.FS.CacheDir == "" {
+		if c.FS.CacheDir, err = makeCacheDir(); err != nil {
 			return err
 		}
-		madeCacheDir = c.fs.CacheDir
+		madeCacheDir = c.FS.CacheDir
 	}
 	// In the foreground, one process mounts and serves: it has no
 	// supervisor to hold the mount, so the mount dies with it.
@@ -567,7 +510,7 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 	defer fsys.Close()
 	setMemoryLimit(fsys.Options())
 
-	mo := c.mount
+	mo := c.Mount
 	mo.ReadOnly = opts.ReadOnly
 	mo.FsName = c.fsName()
 	mo.Logger = logger

@@ -159,7 +159,7 @@ func supervise(c *mountConfig, mp string, args []string, ready func(error, strin
 	}
 	// Every worker must use the same cache directory: the spill files of
 	// open files, named in the state region, live there.
-	cacheDir, madeCacheDir := c.fs.CacheDir, false
+	cacheDir, madeCacheDir := c.FS.CacheDir, false
 	if cacheDir == "" {
 		if cacheDir, err = makeCacheDir(); err != nil {
 			return err
@@ -176,8 +176,8 @@ func supervise(c *mountConfig, mp string, args []string, ready func(error, strin
 		return err
 	}
 	defer state.Close()
-	mo := c.mount
-	mo.ReadOnly = c.fs.ReadOnly
+	mo := c.Mount
+	mo.ReadOnly = c.FS.ReadOnly
 	mo.FsName = c.fsName()
 	mo.Logger = logger
 	_, fd, err := kernel.MountFD(mp, mo)
