@@ -534,7 +534,7 @@ const (
 // the best a client of the store can do at the same points of
 // durability: stage what was written since the last one as one block and
 // commit the list, naming the blocks committed before. Before blobfs kept
-// committed blocks (blockstream.go's "Carrying on"), each fsync uploaded
+// committed blocks (fusefs/upload/stream.go's "Carrying on"), each fsync uploaded
 // the whole file again.
 func (r *runner) faultyLog(ctx context.Context) Row {
 	size := r.cfg.FaultySize / 2

@@ -10,6 +10,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
+	"github.com/blobfs/blobfs/fusefs/upload"
 )
 
 // gatedStore holds every StageBlock until the gate opens, and counts the
@@ -232,9 +233,9 @@ func (s *sizeStore) staged() (map[int]int, int) {
 func TestStreamBlocksGrow(t *testing.T) {
 	// Put back after the unmount (cleanups run last first): a release
 	// may still be committing after the test's last close.
-	old := blockGrowAfter
-	t.Cleanup(func() { blockGrowAfter = old })
-	blockGrowAfter = 3
+	old := upload.BlockGrowAfter
+	t.Cleanup(func() { upload.BlockGrowAfter = old })
+	upload.BlockGrowAfter = 3
 	// tail is under an eighth of a grown block, not of bs.
 	const bs, tail = 64 << 10, 10000
 	store := &sizeStore{Store: blobstore.NewMemory(), sizes: map[int]int{}}
@@ -281,30 +282,6 @@ func TestStreamBlocksGrow(t *testing.T) {
 	}
 	if sizes[bs] != 3 || sizes[2*bs] != 6 {
 		t.Errorf("staged blocks by size %v, want 3 of %d and 6 of %d", sizes, bs, 2*bs)
-	}
-}
-
-// TestStreamBlocks: the block count of a stream, and the largest file
-// that streams at the default block size (docs/reference.md).
-func TestStreamBlocks(t *testing.T) {
-	const bs = DefaultUploadBlockSize
-	small := int64(blockGrowAfter) * bs
-	for _, c := range []struct{ size, want int64 }{
-		{0, 0}, {1, 1}, {bs, 1}, {bs + 1, 2},
-		{small, int64(blockGrowAfter)},
-		{small + 1, int64(blockGrowAfter) + 1},
-		{small + 2*bs, int64(blockGrowAfter) + 1},
-		{small + 2*bs + 1, int64(blockGrowAfter) + 2},
-	} {
-		if got := streamBlocks(c.size, bs); got != c.want {
-			t.Errorf("streamBlocks(%d, %d) = %d, want %d", c.size, bs, got, c.want)
-		}
-	}
-	if n := streamBlocks(351<<30, bs); n >= blobstore.MaxBlocks-1 {
-		t.Errorf("351 GiB takes %d blocks: does not stream", n)
-	}
-	if n := streamBlocks(352<<30, bs); n < blobstore.MaxBlocks-1 {
-		t.Errorf("352 GiB takes %d blocks: streams, the docs say it does not", n)
 	}
 }
 
@@ -355,5 +332,29 @@ func TestUploadingBytesAreWhatIsStillToSend(t *testing.T) {
 	wantBlob(t, gated, "seq", data)
 	if got := fsys.Stats().UploadingBytes; got != 0 {
 		t.Errorf("uploading %d bytes after the commit, want 0", got)
+	}
+}
+
+// TestStreamBlocks: the block count of a stream, and the largest file
+// that streams at the default block size (docs/reference.md).
+func TestStreamBlocks(t *testing.T) {
+	const bs = DefaultUploadBlockSize
+	small := int64(upload.BlockGrowAfter) * bs
+	for _, c := range []struct{ size, want int64 }{
+		{0, 0}, {1, 1}, {bs, 1}, {bs + 1, 2},
+		{small, int64(upload.BlockGrowAfter)},
+		{small + 1, int64(upload.BlockGrowAfter) + 1},
+		{small + 2*bs, int64(upload.BlockGrowAfter) + 1},
+		{small + 2*bs + 1, int64(upload.BlockGrowAfter) + 2},
+	} {
+		if got := upload.StreamBlocks(c.size, bs); got != c.want {
+			t.Errorf("streamBlocks(%d, %d) = %d, want %d", c.size, bs, got, c.want)
+		}
+	}
+	if n := upload.StreamBlocks(351<<30, bs); n >= blobstore.MaxBlocks-1 {
+		t.Errorf("351 GiB takes %d blocks: does not stream", n)
+	}
+	if n := upload.StreamBlocks(352<<30, bs); n < blobstore.MaxBlocks-1 {
+		t.Errorf("352 GiB takes %d blocks: streams, the docs say it does not", n)
 	}
 }

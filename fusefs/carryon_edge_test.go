@@ -1,6 +1,6 @@
 package fusefs
 
-// Edge cases of carrying blocks on between commits (blockstream.go), found
+// Edge cases of carrying blocks on between commits (fusefs/upload/stream.go), found
 // in review: each failed, or would fail, with one of the guards removed.
 
 import (

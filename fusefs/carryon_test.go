@@ -12,6 +12,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
+	"github.com/blobfs/blobfs/fusefs/upload"
 )
 
 // sentCounter wraps a store and counts the bytes of content sent to it
@@ -125,13 +126,13 @@ func checkFsyncKeepsBlocks(t *testing.T, inner blobstore.Store, bs int64, step, 
 	// while the file is shorter than a block, its commits are one Put of
 	// the whole file.
 	sent := store.sent.Load()
-	bound := int64(len(all)) + int64(steps)*bs/keptTailDivisor + min(int64(steps), bs/int64(step)+1)*bs
+	bound := int64(len(all)) + int64(steps)*bs/upload.KeptTailDivisor + min(int64(steps), bs/int64(step)+1)*bs
 	t.Logf("%d bytes sent for a %d-byte file fsync'ed %d times; last commit of %d blocks", sent, len(all), steps, store.lastBlocks.Load())
 	if sent > bound {
 		t.Fatalf("%d bytes sent, want at most %d", sent, bound)
 	}
 	// One block per bs/keptTailDivisor bytes at most, and a tail.
-	if blocks, most := store.lastBlocks.Load(), int64(len(all))/(bs/keptTailDivisor)+2; blocks > most {
+	if blocks, most := store.lastBlocks.Load(), int64(len(all))/(bs/upload.KeptTailDivisor)+2; blocks > most {
 		t.Fatalf("the last commit named %d blocks, want at most %d", blocks, most)
 	}
 	// What a commit did not send it reused: the metric.
@@ -269,7 +270,7 @@ func TestFsyncAfterReopenKeepsBlocks(t *testing.T) {
 		// The first fsync sends the file as it then was; the others
 		// what is new and at most a short tail each.
 		first := int64(10*bs + 123 + step)
-		sent, bound := store.sent.Load(), first+int64((steps-1)*step)+int64(steps)*bs/keptTailDivisor
+		sent, bound := store.sent.Load(), first+int64((steps-1)*step)+int64(steps)*bs/upload.KeptTailDivisor
 		t.Logf("%d bytes sent for %d appended to a %d-byte blob, %d fsyncs; %d reused", sent, steps*step, 10*bs+123, steps, fsys.Stats().ReusedBytes)
 		if sent > bound {
 			t.Fatalf("%d bytes sent, want at most %d", sent, bound)

@@ -20,6 +20,7 @@ import (
 	"github.com/blobfs/blobfs/fusefs/contentsum"
 	"github.com/blobfs/blobfs/fusefs/journal"
 	"github.com/blobfs/blobfs/fusefs/memory"
+	"github.com/blobfs/blobfs/fusefs/upload"
 )
 
 // FS is the blobfs filesystem: a fuse.RawFileSystem over one container.
@@ -62,9 +63,9 @@ type FS struct {
 	// at most 2 × UploadConcurrency at once and within the process's
 	// memory budget.
 	uploads *memory.Uploads
-	// uploading is the bytes still to upload: handed to the store and
-	// not acknowledged, or still to be sent by a commit under way (Stats).
-	uploading atomic.Int64
+	// up stages files' blocks while they are written, and counts the
+	// bytes still to upload (Stats).
+	up *upload.Uploader
 	// chunks serves random reads (cache.ChunkCache). readBytes counts the
 	// bytes READs returned from the store's content, src.Fetched the bytes
 	// downloaded for reads (blocks, read-ahead, prefetch, chunks, disk
@@ -89,7 +90,7 @@ type FS struct {
 	writeBackSlots   chan struct{}
 	keptFiles        atomic.Int64
 	// reusedBytes counts the bytes commits named in the blob's committed
-	// block list instead of uploading them again (blockstream.go).
+	// block list instead of uploading them again (upload.Stream).
 	reusedBytes atomic.Int64
 	readBytes   atomic.Int64
 	// ctx lives as long as the filesystem; background work uses it.
@@ -154,6 +155,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		orphansDone:    make(chan struct{}),
 	}
 	fs.src = &cache.Sources{Store: store, Log: fs.log}
+	fs.up = &upload.Uploader{Store: store, BlockMD5: fs.blockMD5, BlockSize: opts.UploadBlockSize, WriteBack: opts.WriteBack, Buffers: fs.uploads, Ctx: ctx, Log: fs.log}
 	fs.blocks = cache.NewBlockCache(fs.src, opts.ReadBlockSize, opts.BlockCacheBytes-cache.ChunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), opts.MaxReadAheadBlocks)
 	fs.passthrough.devFD.Store(-1)
 	fs.chunks = cache.NewChunkCache(fs.src, cache.ChunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize))
@@ -256,7 +258,7 @@ func (fs *FS) Stats() Stats {
 		}
 		of.mu.Unlock()
 	}
-	s.UploadingBytes = fs.uploading.Load()
+	s.UploadingBytes = fs.up.Uploading.Load()
 	s.CacheBytes = fs.blocks.Usage() + fs.chunks.Usage()
 	s.CacheHits, s.CacheMisses = fs.blocks.Stats()
 	s.ReadBytes, s.FetchedBytes = fs.readBytes.Load(), fs.src.Fetched.Load()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/contentsum"
+	"github.com/blobfs/blobfs/fusefs/upload"
 )
 
 // openFile is the content of a file while handles are open on it, shared by
@@ -124,7 +125,7 @@ type openFile struct {
 	// rename's new path, a copy's ETag), so it is not to be made ahead.
 	commitNonce string
 
-	stream *blockStream // staging of full blocks while writing; nil if none
+	stream *upload.Stream // staging of full blocks while writing; nil if none
 	// streamName is the blob name streaming stages blocks under, set at
 	// open; a rename before the commit abandons those blocks.
 	streamName atomic.Pointer[string]
@@ -220,7 +221,7 @@ func (of *openFile) ensureSpillLocked(ctx context.Context, load bool) error {
 	of.journalLocked(true)
 	if of.size == 0 && of.gen == of.committedGen {
 		if name := of.streamName.Load(); name != nil {
-			of.stream = of.fs.newBlockStream(*name)
+			of.stream = of.fs.up.NewStream(*name)
 		}
 	}
 	return nil
@@ -319,11 +320,11 @@ func (of *openFile) write(ctx context.Context, data []byte, off int64) error {
 	of.mtime = nil // a write makes the file's time now again
 	of.changedLocked()
 	if st := of.stream; st != nil {
-		if off < st.next || of.size-st.next >= st.blockSize() && !of.streamNamedLocked(st) {
-			st.abandon()
+		if off < st.Next() || of.size-st.Next() >= st.BlockSize() && !of.streamNamedLocked(st) {
+			st.Abandon()
 			of.stream = nil
-		} else if err := st.stageFull(of.spill, of.size); err != nil {
-			st.abandon()
+		} else if err := st.StageFull(of.spill, of.size); err != nil {
+			st.Abandon()
 			of.stream = nil
 		}
 	}
@@ -334,9 +335,9 @@ func (of *openFile) write(ctx context.Context, data []byte, off int64) error {
 // name, checked before each full block is handed out: blocks staged for a
 // name the file no longer has (renamed while written, or after an early
 // commit that left the stream in place) are of no use to its commit.
-func (of *openFile) streamNamedLocked(st *blockStream) bool {
+func (of *openFile) streamNamedLocked(st *upload.Stream) bool {
 	path, ok := of.fs.pathOf(of.n)
-	return ok && path == st.name
+	return ok && path == st.Name()
 }
 
 func (of *openFile) truncate(ctx context.Context, size int64) error {
@@ -361,8 +362,8 @@ func (of *openFile) truncate(ctx context.Context, size int64) error {
 			return fmt.Errorf("spill truncate: %w", err)
 		}
 	}
-	if st := of.stream; st != nil && size < st.next {
-		st.abandon()
+	if st := of.stream; st != nil && size < st.Next() {
+		st.Abandon()
 		of.stream = nil
 	}
 	of.setSizeLocked(size)
@@ -530,7 +531,7 @@ type commitPlan struct {
 	attrsChanged bool
 	// stream holds the blocks staged while the file was written; nil to
 	// upload it whole.
-	stream *blockStream
+	stream *upload.Stream
 }
 
 // planCommitLocked builds the commit of the spill file as it is now: its
@@ -566,7 +567,7 @@ func (of *openFile) planCommitLocked() commitPlan {
 	// the first descriptor), and would otherwise leave the whole file to
 	// be uploaded at its last close, after every write.
 	c.stream = of.stream
-	if c.stream != nil && c.stream.next == 0 {
+	if c.stream != nil && c.stream.Next() == 0 {
 		c.stream = nil
 	} else {
 		of.stream = nil
@@ -579,7 +580,7 @@ func (of *openFile) planCommitLocked() commitPlan {
 // mount; else a conflict.
 func (of *openFile) commitWithoutName(c commitPlan) error {
 	if c.stream != nil {
-		c.stream.abandon()
+		c.stream.Abandon()
 	}
 	of.mu.Lock()
 	unlinked := of.unlinked
@@ -604,27 +605,27 @@ func (of *openFile) commitWithoutName(c commitPlan) error {
 // blocks of the stream it used can be kept for the next commit.
 func (of *openFile) uploadCommit(ctx context.Context, path string, c *commitPlan) (attrs blobstore.Attrs, streamed bool, err error) {
 	stream, f, size := c.stream, c.f, c.size
-	if stream != nil && stream.name == path && stream.next > 0 {
-		attrs, err = stream.commit(ctx, f, size, c.opts)
+	if stream != nil && stream.Name() == path && stream.Next() > 0 {
+		attrs, err = stream.Commit(ctx, f, size, c.opts)
 		if err != nil {
 			of.fs.log.Debug("streamed commit failed; uploading the whole file", "path", path, "err", err)
 		}
 		if streamed = err == nil; streamed {
-			of.fs.reusedBytes.Add(stream.reused)
+			of.fs.reusedBytes.Add(stream.Reused())
 		}
 	} else if stream != nil {
-		stream.abandon()
-		err = errNoStream
+		stream.Abandon()
+		err = upload.ErrNoStream
 	} else {
-		err = errNoStream
+		err = upload.ErrNoStream
 	}
-	if err != nil && ctx.Err() == nil && size > of.fs.opts.UploadBlockSize && streamBlocks(size, of.fs.opts.UploadBlockSize) < blobstore.MaxBlocks-1 {
+	if err != nil && ctx.Err() == nil && size > of.fs.opts.UploadBlockSize && upload.StreamBlocks(size, of.fs.opts.UploadBlockSize) < blobstore.MaxBlocks-1 {
 		// The whole file, through a stream of its own, so that the
 		// commit after this one can keep its blocks: a log reopened
 		// for appending, or written out of order once, is then not
 		// uploaded whole at every fsync.
-		stream = of.fs.newBlockStream(path)
-		stream.keepPages = true
+		stream = of.fs.up.NewStream(path)
+		stream.KeepPages()
 		c.stream = stream
 		attrs, err = of.uploadStream(ctx, stream, path, f, size, c.opts)
 		streamed = err == nil
@@ -684,7 +685,7 @@ func (of *openFile) committedLocked(c commitPlan, attrs blobstore.Attrs, streame
 	if streamed && of.gen == c.gen && of.spill == c.f && of.stream == nil {
 		// Nothing changed during the upload: the next commit can keep
 		// the blocks of this one.
-		of.stream = c.stream.carryOn(c.size)
+		of.stream = c.stream.CarryOn(c.size)
 	}
 	of.baseETag = attrs.ETag
 	of.baseMeta = c.opts.Metadata
@@ -769,31 +770,31 @@ func theirAttrs(current, ours map[string]string) map[string]string {
 
 // upload writes the whole spill file as the blob.
 func (of *openFile) upload(ctx context.Context, path string, f *os.File, size int64, opts blobstore.PutOptions) (blobstore.Attrs, error) {
-	p := of.fs.startProgress(path, size)
+	p := of.fs.up.StartProgress(path, size)
 	// Counted as uploading until the store has it (Stats.UploadingBytes).
-	of.fs.uploading.Add(size)
+	of.fs.up.Uploading.Add(size)
 	a, err := blobstore.Upload(ctx, of.fs.store, path, f, size, blobstore.UploadOptions{
 		BlockSize:   of.fs.opts.UploadBlockSize,
 		Concurrency: of.fs.opts.UploadConcurrency,
 		PutOptions:  opts,
 		Progress: func(n int64) {
-			p.add(n)
-			of.fs.uploading.Add(-n)
+			p.Add(n)
+			of.fs.up.Uploading.Add(-n)
 		},
 		Buffers: of.fs.uploads,
 	})
-	of.fs.uploading.Add(-(size - p.done.Load()))
-	p.finish(err)
+	of.fs.up.Uploading.Add(-(size - p.Done()))
+	p.Finish(err)
 	return a, err
 }
 
 // uploadStream writes the whole spill file as the blob through st, a
 // fresh stream: upload's work, in blocks a later commit can keep.
-func (of *openFile) uploadStream(ctx context.Context, st *blockStream, path string, f *os.File, size int64, opts blobstore.PutOptions) (blobstore.Attrs, error) {
-	p := of.fs.startProgress(path, size)
-	st.progress = p
-	a, err := st.commit(ctx, f, size, opts)
-	p.finish(err)
+func (of *openFile) uploadStream(ctx context.Context, st *upload.Stream, path string, f *os.File, size int64, opts blobstore.PutOptions) (blobstore.Attrs, error) {
+	p := of.fs.up.StartProgress(path, size)
+	st.SetProgress(p)
+	a, err := st.Commit(ctx, f, size, opts)
+	p.Finish(err)
 	return a, err
 }
 
@@ -824,7 +825,7 @@ func (of *openFile) closeIfClean() bool {
 
 func (of *openFile) closeLocked() {
 	if of.stream != nil {
-		of.stream.abandon()
+		of.stream.Abandon()
 		of.stream = nil
 	}
 	if of.spill != nil {
@@ -855,7 +856,7 @@ func (of *openFile) keepSpill(blobName string) string {
 	of.spill = nil
 	of.hasSpill.Store(false)
 	if of.stream != nil {
-		of.stream.abandon()
+		of.stream.Abandon()
 		of.stream = nil
 	}
 	return dst
@@ -871,9 +872,9 @@ func (fs *FS) download(ctx context.Context, name, etag string, size int64, want 
 	if fs.sums.IsCorrupt(name, etag) {
 		return contentsum.ErrMismatch
 	}
-	var h *streamHash
+	var h *upload.Hash
 	if fs.sums != nil && want.Known() {
-		h = newStreamHash()
+		h = upload.NewHash()
 	}
 	chunk := fs.opts.UploadBlockSize
 	g, gctx := errgroup.WithContext(ctx)
@@ -889,9 +890,9 @@ func (fs *FS) download(ctx context.Context, name, etag string, size int64, want 
 			}
 			if h != nil {
 				if err != nil {
-					h.fail() // the chunks after this one stop waiting
+					h.Fail() // the chunks after this one stop waiting
 				} else {
-					h.add(off, buf)
+					h.Add(off, buf)
 				}
 			}
 			return err
@@ -900,7 +901,7 @@ func (fs *FS) download(ctx context.Context, name, etag string, size int64, want 
 	if err := g.Wait(); err != nil || h == nil {
 		return err
 	}
-	sum := h.sum(size)
+	sum := h.Sum(size)
 	if sum == nil {
 		return fmt.Errorf("read %q: not every byte was hashed", name)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
+	"github.com/blobfs/blobfs/fusefs/upload"
 )
 
 // slowStages delays every staged block, as a slow link would.
@@ -25,9 +26,9 @@ func (s slowStages) StageBlock(ctx context.Context, name, id string, data []byte
 // TestSlowUploadReportsProgress: a close that waits for a long upload logs
 // its progress while it runs, and once when it is done; the data arrives.
 func TestSlowUploadReportsProgress(t *testing.T) {
-	old := progressEvery
-	progressEvery = 200 * time.Millisecond
-	defer func() { progressEvery = old }()
+	old := upload.ProgressEvery
+	upload.ProgressEvery = 200 * time.Millisecond
+	defer func() { upload.ProgressEvery = old }()
 	mem := storetest.Memory(t)
 	log, logged := capturingLogger(t)
 	mnt, _ := mountStore(t, slowStages{mem, 100 * time.Millisecond},

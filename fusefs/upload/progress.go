@@ -1,6 +1,7 @@
-package fusefs
+package upload
 
 import (
+	"log/slog"
 	"sync/atomic"
 	"time"
 )
@@ -8,15 +9,16 @@ import (
 // Upload progress: an upload that a close or fsync waits for can take
 // minutes (a large file written out of order is uploaded whole at close),
 // and an application blocked in close(2) with nothing in the log looks
-// hung. An upload still running after progressEvery logs its progress at
-// info every progressEvery (bytes, rate, time left) and once when it ends;
+// hung. An upload still running after ProgressEvery logs its progress at
+// info every ProgressEvery (bytes, rate, time left) and once when it ends;
 // shorter ones log nothing.
 
-// progressEvery is how often a long upload reports; a variable for tests.
-var progressEvery = 5 * time.Second
+// ProgressEvery is how often a long upload reports; a variable for tests.
+var ProgressEvery = 5 * time.Second
 
-type uploadProgress struct {
-	fs    *FS
+// Progress watches one upload (StartProgress).
+type Progress struct {
+	log   *slog.Logger
 	path  string
 	size  int64
 	start time.Time
@@ -28,18 +30,21 @@ type uploadProgress struct {
 	reported atomic.Bool
 }
 
-// startProgress begins watching an upload of size bytes of path.
-func (fs *FS) startProgress(path string, size int64) *uploadProgress {
-	p := &uploadProgress{fs: fs, path: path, size: size, start: time.Now(), stop: make(chan struct{}), ended: make(chan struct{})}
+// StartProgress begins watching an upload of size bytes of path.
+func (u *Uploader) StartProgress(path string, size int64) *Progress {
+	p := &Progress{log: u.Log, path: path, size: size, start: time.Now(), stop: make(chan struct{}), ended: make(chan struct{})}
 	go p.watch()
 	return p
 }
 
-// add counts bytes that reached the store; safe for concurrent use.
-func (p *uploadProgress) add(n int64) { p.done.Add(n) }
+// Done is the bytes that reached the store so far.
+func (p *Progress) Done() int64 { return p.done.Load() }
 
-func (p *uploadProgress) watch() {
-	t := time.NewTicker(progressEvery)
+// Add counts bytes that reached the store; safe for concurrent use.
+func (p *Progress) Add(n int64) { p.done.Add(n) }
+
+func (p *Progress) watch() {
+	t := time.NewTicker(ProgressEvery)
 	defer t.Stop()
 	defer close(p.ended)
 	for {
@@ -56,14 +61,14 @@ func (p *uploadProgress) watch() {
 				attrs = append(attrs, "eta", time.Duration(float64(p.size-done)/rate*float64(time.Second)).Round(time.Second))
 			}
 			p.reported.Store(true)
-			p.fs.log.Info("uploading", attrs...)
+			p.log.Info("uploading", attrs...)
 		}
 	}
 }
 
-// finish ends the watch; an upload that reported progress says how it
+// Finish ends the watch; an upload that reported progress says how it
 // ended.
-func (p *uploadProgress) finish(err error) {
+func (p *Progress) Finish(err error) {
 	close(p.stop)
 	<-p.ended
 	if !p.reported.Load() {
@@ -71,10 +76,10 @@ func (p *uploadProgress) finish(err error) {
 	}
 	took := time.Since(p.start)
 	if err != nil {
-		p.fs.log.Info("upload ended without completing", "path", p.path, "done_bytes", p.done.Load(), "size_bytes", p.size, "elapsed", took.Round(time.Millisecond), "err", err)
+		p.log.Info("upload ended without completing", "path", p.path, "done_bytes", p.done.Load(), "size_bytes", p.size, "elapsed", took.Round(time.Millisecond), "err", err)
 		return
 	}
-	p.fs.log.Info("uploaded", "path", p.path, "size_bytes", p.size, "elapsed", took.Round(time.Millisecond),
+	p.log.Info("uploaded", "path", p.path, "size_bytes", p.size, "elapsed", took.Round(time.Millisecond),
 		"rate_mib_s", round2(float64(p.size)/took.Seconds()/(1<<20)))
 }
 

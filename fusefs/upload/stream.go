@@ -1,4 +1,4 @@
-package fusefs
+package upload
 
 import (
 	"context"
@@ -17,9 +17,9 @@ import (
 	"github.com/blobfs/blobfs/fusefs/internal/md5pair"
 )
 
-var errNoStream = errors.New("no usable block stream")
+var ErrNoStream = errors.New("no usable block stream")
 
-// blockStream stages the full blocks of a file being written sequentially,
+// Stream stages the full blocks of a file being written sequentially,
 // while it is written, so that its commit only uploads the tail.
 //
 // Algorithm: the WRITE that completes a block takes an upload slot and
@@ -28,7 +28,7 @@ var errNoStream = errors.New("no usable block stream")
 // for either. The commit stages the tail while the last full blocks are
 // still in flight, then commits the list.
 //
-// Bounds: FS.uploadSlots (shared by all files) and the process's memory
+// Bounds: the mount's upload buffers (Uploader.Buffers, shared by all files) and the process's memory
 // budget (fusefs/memory) cap the blocks in flight, and so the block buffers
 // in use; a writer that finds no slot free waits
 // for an upload to finish: backpressure instead of unbounded memory. Slots
@@ -60,8 +60,8 @@ var errNoStream = errors.New("no usable block stream")
 // callers; mu here guards ids, ends and err: the uploads write err; ids and
 // ends are written only by those serialised callers, which read them
 // without it.
-type blockStream struct {
-	fs    *FS
+type Stream struct {
+	up    *Uploader
 	name  string // blob the blocks are staged for
 	nonce string
 	bs    int64
@@ -69,19 +69,19 @@ type blockStream struct {
 	// reused is the bytes of the blocks kept from the last commit.
 	reused int64
 	// progress, if set, is told of each block staged.
-	progress *uploadProgress
+	progress *Progress
 	// keepPages: staged blocks' pages stay in the page cache (a whole
 	// file uploaded at its commit: it is all there already, and dropping
 	// it would cost a disk write of pages its reuse would just discard).
 	keepPages bool
 	// queued is what a commit under way has still to hand out, counted
-	// in FS.uploading with the blocks in flight (handOut).
+	// in Uploader.Uploading with the blocks in flight (handOut).
 	queued atomic.Int64
 
 	wg sync.WaitGroup
 
 	// hash is the MD5 of the blocks in order, the blob's Content-MD5.
-	hash *streamHash
+	hash *Hash
 
 	mu   sync.Mutex
 	ids  []string // block ids from offset 0: kept from the last commit, then staged
@@ -92,66 +92,85 @@ type blockStream struct {
 	abort context.CancelFunc
 }
 
-// keptTailDivisor: a commit's tail is kept as a block of its own when it
-// holds at least 1/keptTailDivisor of a full block at its place (see
+// KeptTailDivisor: a commit's tail is kept as a block of its own when it
+// holds at least 1/KeptTailDivisor of a full block at its place (see
 // "Carrying on").
-const keptTailDivisor = 8
+const KeptTailDivisor = 8
 
-// blockGrowAfter: a stream's blocks from this index on are twice bs (at
+// BlockGrowAfter: a stream's blocks from this index on are twice bs (at
 // most blobstore.MaxBlockSize), so that a file streams far beyond 10,000
 // blocks within Azure's 50,000 (351 GiB at the default 4 MiB: 39 GiB of
 // 4 MiB blocks, then 8 MiB ones), while files up to 10,000 blocks keep
 // the small blocks, which keep the bytes in flight and a retried block
 // small. A variable for tests.
-var blockGrowAfter = 10_000
+var BlockGrowAfter = 10_000
 
 // blockSizeAt returns the size of a full block at index i of a stream of
 // block size bs.
 func blockSizeAt(bs int64, i int) int64 {
-	if i >= blockGrowAfter {
+	if i >= BlockGrowAfter {
 		return min(2*bs, blobstore.MaxBlockSize)
 	}
 	return bs
 }
 
-// blockSize returns the size of the stream's next full block.
-func (st *blockStream) blockSize() int64 { return blockSizeAt(st.bs, len(st.ids)) }
+// BlockSize returns the size of the stream's next full block.
+func (st *Stream) BlockSize() int64 { return blockSizeAt(st.bs, len(st.ids)) }
 
-// streamBlocks returns the number of blocks a stream of block size bs
+// StreamBlocks returns the number of blocks a stream of block size bs
 // stages for size bytes, the tail included.
-func streamBlocks(size, bs int64) int64 {
-	small := int64(blockGrowAfter) * bs
+func StreamBlocks(size, bs int64) int64 {
+	small := int64(BlockGrowAfter) * bs
 	if size <= small {
 		return (size + bs - 1) / bs
 	}
-	big := blockSizeAt(bs, blockGrowAfter)
-	return int64(blockGrowAfter) + (size-small+big-1)/big
+	big := blockSizeAt(bs, BlockGrowAfter)
+	return int64(BlockGrowAfter) + (size-small+big-1)/big
 }
 
-func (fs *FS) newBlockStream(name string) *blockStream {
-	h := newStreamHash()
+// NewStream starts a stream of the blocks of blob name, from offset 0.
+func (u *Uploader) NewStream(name string) *Stream {
+	h := NewHash()
 	h.keepStates = true
-	return &blockStream{fs: fs, name: name, nonce: blobstore.NewBlockNonce(), bs: fs.opts.UploadBlockSize, hash: h}
+	return &Stream{up: u, name: name, nonce: blobstore.NewBlockNonce(), bs: u.BlockSize, hash: h}
 }
+
+// Next is the bytes handed to uploads so far, or kept from the last
+// commit: a write below it abandons the stream.
+func (st *Stream) Next() int64 { return st.next }
+
+// Name is the blob the blocks are staged for.
+func (st *Stream) Name() string { return st.name }
+
+// Reused is the bytes of the blocks kept from the last commit.
+func (st *Stream) Reused() int64 { return st.reused }
+
+// KeepPages leaves staged blocks' pages in the page cache (a whole file
+// uploaded at its commit: it is all there already, and dropping it would
+// cost a disk write of pages its reuse would just discard).
+func (st *Stream) KeepPages() { st.keepPages = true }
+
+// SetProgress tells p of each block staged.
+func (st *Stream) SetProgress(p *Progress) { st.progress = p }
 
 // addIDLocked names the block that ends at end.
-func (st *blockStream) addIDLocked(end int64) string {
+func (st *Stream) addIDLocked(end int64) string {
 	id := blobstore.BlockID(st.nonce, len(st.ids))
 	st.ids = append(st.ids, id)
 	st.ends = append(st.ends, end)
 	return id
 }
 
-// carryOn returns the stream that follows a successful commit of st's
+// CarryOn returns the stream that follows a successful commit of st's
 // size bytes: it starts after the blocks committed, which its commit names
 // again, but for a short tail (see "Carrying on" above). nil if the MD5's
 // state there is not known.
-func (st *blockStream) carryOn(size int64) *blockStream {
+func (st *Stream) CarryOn(size int64) *Stream {
 	keep := len(st.ids)
 	if keep == 0 || st.ends[keep-1] != size {
 		return nil
 	}
-	if start := blockStart(st.ends, keep-1); size-start < blockSizeAt(st.bs, keep-1)/keptTailDivisor {
+	if start := blockStart(st.ends, keep-1); size-start < blockSizeAt(st.bs, keep-1)/KeptTailDivisor {
 		keep--
 	}
 	next := blockStart(st.ends, keep)
@@ -159,8 +178,8 @@ func (st *blockStream) carryOn(size int64) *blockStream {
 	if !ok {
 		return nil
 	}
-	return &blockStream{
-		fs: st.fs, name: st.name, nonce: blobstore.NewBlockNonce(), bs: st.bs,
+	return &Stream{
+		up: st.up, name: st.name, nonce: blobstore.NewBlockNonce(), bs: st.bs,
 		next: next, reused: next,
 		ids:  append([]string(nil), st.ids[:keep]...),
 		ends: append([]int64(nil), st.ends[:keep]...),
@@ -176,13 +195,13 @@ func blockStart(ends []int64, i int) int64 {
 	return ends[i-1]
 }
 
-// streamHash is the MD5 of blocks read in parallel and hashed in order:
+// Hash is the MD5 of blocks read in parallel and hashed in order:
 // each waits for the blocks before it. A stream's blocks read back from the
 // spill file use it, and so does download.
 // That wait cannot deadlock: every block before one being hashed was
 // handed to its own goroutine first, with its buffer, and the first
 // block not hashed yet waits for nothing.
-type streamHash struct {
+type Hash struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	h      hash.Hash
@@ -196,18 +215,18 @@ type streamHash struct {
 	states     [2][]byte
 }
 
-func newStreamHash() *streamHash {
-	s := &streamHash{h: md5.New()}
+func NewHash() *Hash {
+	s := &Hash{h: md5.New()}
 	s.cond = sync.NewCond(&s.mu)
 	return s
 }
 
 // resumeAt returns a new streamHash that goes on from this one's state
 // after off bytes, if it kept that state.
-func (s *streamHash) resumeAt(off int64) (*streamHash, bool) {
+func (s *Hash) resumeAt(off int64) (*Hash, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := newStreamHash()
+	r := NewHash()
 	r.keepStates = s.keepStates
 	if off == 0 {
 		return r, true
@@ -226,8 +245,8 @@ func (s *streamHash) resumeAt(off int64) (*streamHash, bool) {
 	return nil, false
 }
 
-// add hashes the block at off once the bytes before it are hashed.
-func (s *streamHash) add(off int64, p []byte) {
+// Add hashes the block at off once the bytes before it are hashed.
+func (s *Hash) Add(off int64, p []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for !s.broken && s.next < off {
@@ -248,7 +267,7 @@ func (s *streamHash) add(off int64, p []byte) {
 // wait ends. If the hash broke, or md5pair cannot take the hash (not
 // crypto/md5's state as it knows it), it does nothing and returns false:
 // the caller adds the block as usual.
-func (s *streamHash) addWithSum(off int64, p []byte) (sum [md5.Size]byte, ok bool) {
+func (s *Hash) addWithSum(off int64, p []byte) (sum [md5.Size]byte, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for !s.broken && s.next < off {
@@ -265,7 +284,7 @@ func (s *streamHash) addWithSum(off int64, p []byte) (sum [md5.Size]byte, ok boo
 }
 
 // hashedLocked records that n more bytes were hashed.
-func (s *streamHash) hashedLocked(n int) {
+func (s *Hash) hashedLocked(n int) {
 	s.next += int64(n)
 	if s.keepStates {
 		state, _ := s.h.(encoding.BinaryMarshaler).MarshalBinary()
@@ -274,17 +293,17 @@ func (s *streamHash) hashedLocked(n int) {
 	}
 }
 
-// fail says a block will never be added.
-func (s *streamHash) fail() {
+// Fail says a block will never be added.
+func (s *Hash) Fail() {
 	s.mu.Lock()
 	s.broken = true
 	s.cond.Broadcast()
 	s.mu.Unlock()
 }
 
-// sum returns the MD5 of the stream's size bytes, or nil when they were
+// Sum returns the MD5 of the stream's size bytes, or nil when they were
 // not all hashed.
-func (s *streamHash) sum(size int64) []byte {
+func (s *Hash) Sum(size int64) []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.broken || s.next != size {
@@ -293,26 +312,26 @@ func (s *streamHash) sum(size int64) []byte {
 	return s.h.Sum(nil)
 }
 
-// stageFull starts uploads of every full block below size not yet handed
+// StageFull starts uploads of every full block below size not yet handed
 // out. With write-back, a writer does not wait for a slot: the blocks no
 // slot took now go later, or with the commit.
-func (st *blockStream) stageFull(spill io.ReaderAt, size int64) error {
-	return st.stageBlocks(st.fs.ctx, spill, size, !st.fs.opts.WriteBack)
+func (st *Stream) StageFull(spill io.ReaderAt, size int64) error {
+	return st.stageBlocks(st.up.Ctx, spill, size, !st.up.WriteBack)
 }
 
 // stageBlocks is stageFull; wait says whether to wait for a free slot.
 // The uploads run under ctx: the mount's for blocks a WRITE hands out
 // (the write does not wait for them), the commit's for those it stages
 // itself, so that a commit given up on stops sending them.
-func (st *blockStream) stageBlocks(ctx context.Context, spill io.ReaderAt, size int64, wait bool) error {
-	for bs := st.blockSize(); size-st.next >= bs; bs = st.blockSize() {
+func (st *Stream) stageBlocks(ctx context.Context, spill io.ReaderAt, size int64, wait bool) error {
+	for bs := st.BlockSize(); size-st.next >= bs; bs = st.BlockSize() {
 		if len(st.ids) >= blobstore.MaxBlocks-1 {
 			return errors.New("too many blocks for streaming")
 		}
 		if err := st.failure(ctx); err != nil {
 			return err // stop handing out blocks of a failed commit
 		}
-		buf, ok, err := st.fs.uploads.Take(ctx, bs, wait)
+		buf, ok, err := st.up.Buffers.Take(ctx, bs, wait)
 		if err != nil {
 			return err
 		}
@@ -328,8 +347,8 @@ func (st *blockStream) stageBlocks(ctx context.Context, spill io.ReaderAt, size 
 		st.wg.Add(1)
 		go func() {
 			staged := st.stage(ctx, id, spill, buf[:bs], off)
-			st.fs.uploading.Add(-bs)
-			st.fs.uploads.Give(buf)
+			st.up.Uploading.Add(-bs)
+			st.up.Buffers.Give(buf)
 			st.wg.Done()
 			if f, ok := spill.(*os.File); ok && staged && !st.keepPages {
 				// After Done: the commit need not wait for the disk.
@@ -340,22 +359,22 @@ func (st *blockStream) stageBlocks(ctx context.Context, spill io.ReaderAt, size 
 	return nil
 }
 
-// handOut counts n bytes handed to an upload in FS.uploading (the caller
+// handOut counts n bytes handed to an upload in Uploader.Uploading (the caller
 // uncounts them when the upload ends), moving them from what a commit
 // under way had queued.
-func (st *blockStream) handOut(n int64) {
+func (st *Stream) handOut(n int64) {
 	if q := st.queued.Load(); q > 0 {
 		d := min(q, n)
 		st.queued.Add(-d)
-		st.fs.uploading.Add(-d)
+		st.up.Uploading.Add(-d)
 	}
-	st.fs.uploading.Add(n)
+	st.up.Uploading.Add(n)
 }
 
 // stage reads len(buf) bytes at off from spill into buf and stages them as
 // block id, recording the first failure; it tells whether the block is
 // staged.
-func (st *blockStream) stage(ctx context.Context, id string, spill io.ReaderAt, buf []byte, off int64) bool {
+func (st *Stream) stage(ctx context.Context, id string, spill io.ReaderAt, buf []byte, off int64) bool {
 	n, err := spill.ReadAt(buf, off)
 	if n == len(buf) {
 		err = nil
@@ -365,10 +384,10 @@ func (st *blockStream) stage(ctx context.Context, id string, spill io.ReaderAt, 
 	if err == nil {
 		err = st.send(ctx, id, buf, off)
 		if err == nil && st.progress != nil {
-			st.progress.add(int64(len(buf)))
+			st.progress.Add(int64(len(buf)))
 		}
 	} else {
-		st.hash.fail()
+		st.hash.Fail()
 	}
 	if err != nil {
 		st.mu.Lock()
@@ -394,24 +413,24 @@ func (st *blockStream) stage(ctx context.Context, id string, spill io.ReaderAt, 
 // hashed into the blob's MD5 while it is sent: the hash waits for the
 // blocks before this one, the request need not, and a commit's tail
 // (every fsync of a log) does not wait for its hash first.
-func (st *blockStream) send(ctx context.Context, id string, buf []byte, off int64) error {
-	if st.fs.blockMD5 {
+func (st *Stream) send(ctx context.Context, id string, buf []byte, off int64) error {
+	if st.up.BlockMD5 {
 		if sum, ok := st.hash.addWithSum(off, buf); ok {
-			return st.fs.store.StageBlock(blobstore.WithBlockMD5(ctx, buf, sum), st.name, id, buf)
+			return st.up.Store.StageBlock(blobstore.WithBlockMD5(ctx, buf, sum), st.name, id, buf)
 		}
 	}
 	hashed := make(chan struct{})
 	go func() {
-		st.hash.add(off, buf)
+		st.hash.Add(off, buf)
 		close(hashed)
 	}()
-	err := st.fs.store.StageBlock(ctx, st.name, id, buf)
+	err := st.up.Store.StageBlock(ctx, st.name, id, buf)
 	<-hashed // buf goes back to the pool after this
 	return err
 }
 
 // failure returns the stream's first failure, or ctx's end.
-func (st *blockStream) failure(ctx context.Context) error {
+func (st *Stream) failure(ctx context.Context) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.err != nil {
@@ -457,12 +476,12 @@ func releaseStagedPages(spill *os.File, off, n int64) {
 	})
 }
 
-// commit stages the tail alongside the blocks still in flight, waits for
+// Commit stages the tail alongside the blocks still in flight, waits for
 // all of them and commits the blob. Any failure leaves the caller to upload
 // the whole file instead.
-func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64, opts blobstore.PutOptions) (blobstore.Attrs, error) {
+func (st *Stream) Commit(ctx context.Context, spill io.ReaderAt, size int64, opts blobstore.PutOptions) (blobstore.Attrs, error) {
 	if size < st.next {
-		return blobstore.Attrs{}, errNoStream
+		return blobstore.Attrs{}, ErrNoStream
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -472,8 +491,8 @@ func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64
 	// What is still to be sent counts as uploading from now on; the
 	// blocks already in flight count already.
 	st.queued.Store(size - st.next)
-	st.fs.uploading.Add(size - st.next)
-	defer func() { st.fs.uploading.Add(-st.queued.Swap(0)) }()
+	st.up.Uploading.Add(size - st.next)
+	defer func() { st.up.Uploading.Add(-st.queued.Swap(0)) }()
 	// Full blocks that no slot took while the file was written
 	// (write-back writers do not wait).
 	if err := st.stageBlocks(ctx, spill, size, true); err != nil {
@@ -492,7 +511,7 @@ func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64
 		go func() {
 			defer st.wg.Done()
 			st.stage(ctx, id, spill, make([]byte, tail), off)
-			st.fs.uploading.Add(-tail)
+			st.up.Uploading.Add(-tail)
 		}()
 	}
 	st.wg.Wait()
@@ -502,10 +521,10 @@ func (st *blockStream) commit(ctx context.Context, spill io.ReaderAt, size int64
 	if err != nil {
 		return blobstore.Attrs{}, err
 	}
-	opts.ContentMD5 = st.hash.sum(size)
-	return st.fs.store.CommitBlocks(ctx, st.name, ids, opts)
+	opts.ContentMD5 = st.hash.Sum(size)
+	return st.up.Store.CommitBlocks(ctx, st.name, ids, opts)
 }
 
-// abandon lets in-flight uploads finish on their own; their blocks are
+// Abandon lets in-flight uploads finish on their own; their blocks are
 // dropped by the store at the blob's next commit.
-func (st *blockStream) abandon() {}
+func (st *Stream) Abandon() {}
