@@ -33,6 +33,9 @@ var allowedImports = map[string][]string{
 	"fusefs/memory": nil,
 	// Content-MD5 checks of whole reads.
 	"fusefs/contentsum": nil,
+	// Blobs as entries: names checked, metadata read as kinds and POSIX
+	// attributes.
+	"fusefs/meta": {"blobstore", "fusefs/contentsum"},
 	// The write side: block streams, their MD5, upload progress.
 	"fusefs/upload": {"blobstore", "fusefs/internal/md5pair", "fusefs/memory"},
 	// The state region's format: what a server journals for its successor.
@@ -42,7 +45,7 @@ var allowedImports = map[string][]string{
 	// The read side: block, chunk and disk caches over the store.
 	"fusefs/cache": {"blobstore", "fusefs/contentsum", "fusefs/memory"},
 	// The filesystem, its caches, uploads and the restart mechanism.
-	"fusefs": {"blobstore", "fusefs/cache", "fusefs/contentsum", "fusefs/journal", "fusefs/kernel", "fusefs/memory", "fusefs/upload"},
+	"fusefs": {"blobstore", "fusefs/cache", "fusefs/contentsum", "fusefs/journal", "fusefs/kernel", "fusefs/memory", "fusefs/meta", "fusefs/upload"},
 	// Prometheus metrics of a mounted filesystem.
 	"fusefs/fsmetrics": {"blobstore", "fusefs"},
 	// The mount options, each defined once (name, kind, bounds, default,

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/blobfs/blobfs/fusefs/journal"
+	"github.com/blobfs/blobfs/fusefs/meta"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
@@ -110,7 +111,7 @@ func (fs *FS) restoreNodes(saved *journal.Saved) {
 		if id == fuse.FUSE_ROOT_ID {
 			continue
 		}
-		t.byID[id] = &node{id: id, kind: nodeKind(sn.Kind), lookups: sn.Lookups, name: sn.Name, inStore: true}
+		t.byID[id] = &node{id: id, kind: meta.Kind(sn.Kind), lookups: sn.Lookups, name: sn.Name, inStore: true}
 	}
 	for id, sn := range saved.Nodes {
 		n := t.byID[id]
@@ -180,13 +181,13 @@ func (fs *FS) restoreFiles(saved *journal.Saved) error {
 			// open: it lives on without a name, and nothing of it is
 			// uploaded (commit), in this process as in the dead one.
 			of.unlinked = rec.Unlinked
-			if t, ok := metaMtime(rec.Attrs); ok && sf.Dirty {
+			if t, ok := meta.Mtime(rec.Attrs); ok && sf.Dirty {
 				of.mtime = &t // set by a utime, waiting for the commit
 			}
 			if len(rec.Attrs) > 0 {
 				// A file created and not yet committed has its
 				// attributes only here.
-				n.attrs, n.attrsKnown = parsePOSIX(rec.Attrs), true
+				n.attrs, n.attrsKnown = meta.ParsePosix(rec.Attrs), true
 			}
 		}
 		of.setSizeLocked(st.Size())

@@ -15,6 +15,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // attrCase is one POSIX attribute behaviour. do acts on a mount (mnt) and
@@ -99,7 +100,7 @@ var attrCases = []attrCase{
 		}
 		wantMode(t, join(mnt, "f"), syscall.S_IFREG|syscall.S_ISUID|0o755)
 		a, err := s.Stat(context.Background(), "f")
-		if v, _ := metaValue(a.Metadata, blobstore.MetaMode); err != nil || v != "104755" {
+		if v, _ := meta.Value(a.Metadata, blobstore.MetaMode); err != nil || v != "104755" {
 			t.Errorf("blob f: %s=%q, %v; want 104755", blobstore.MetaMode, v, err)
 		}
 	}, see: func(t *testing.T, mnt string) {
@@ -387,7 +388,7 @@ func TestAttributesFromOtherTools(t *testing.T) {
 	wantErrno(t, syscall.Mkfifo(join(off, "fifo"), 0o644), syscall.EPERM)
 	mustWrite(t, join(off, "new.txt"), []byte("x"))
 	a, err := s.Stat(context.Background(), "new.txt")
-	if _, has := metaValue(a.Metadata, blobstore.MetaMode); err != nil || has {
+	if _, has := meta.Value(a.Metadata, blobstore.MetaMode); err != nil || has {
 		t.Errorf("a mount that never writes attributes wrote %v (%v)", a.Metadata, err)
 	}
 }
@@ -418,7 +419,7 @@ func TestAttributesSurviveServerKill(t *testing.T) {
 	}
 	wantMode(t, join(h.mnt, "private"), syscall.S_IFREG|0o600)
 	a, err := h.localStore().Stat(context.Background(), "private")
-	if v, _ := metaValue(a.Metadata, blobstore.MetaMode); err != nil || v != "100600" {
+	if v, _ := meta.Value(a.Metadata, blobstore.MetaMode); err != nil || v != "100600" {
 		t.Fatalf("blob private: %s=%q (%v), want 100600", blobstore.MetaMode, v, err)
 	}
 
@@ -448,7 +449,7 @@ func TestAttributesSurviveServerKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	for key, want := range map[string]string{blobstore.MetaMode: "100604", blobstore.MetaUID: "1234", blobstore.MetaGID: "5678"} {
-		if v, _ := metaValue(a.Metadata, key); v != want {
+		if v, _ := meta.Value(a.Metadata, key); v != want {
 			t.Errorf("blob owned after fchmod: %s=%q, want %q", key, v, want)
 		}
 	}
@@ -472,7 +473,7 @@ func TestFailedSetattrChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, err := faulty.Stat(context.Background(), "f")
-	if v, _ := metaValue(a.Metadata, blobstore.MetaMode); err != nil || v != "100640" {
+	if v, _ := meta.Value(a.Metadata, blobstore.MetaMode); err != nil || v != "100640" {
 		t.Errorf("blob f after a refused chmod and a utimes: %s=%q (%v), want 100640", blobstore.MetaMode, v, err)
 	}
 }
@@ -492,7 +493,7 @@ func BenchmarkEntryFromAttrs(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			a := blobstore.Attrs{Name: "dir/file", Size: 4096, ModTime: now, ETag: `"0x1"`, Metadata: bc.md}
 			for b.Loop() {
-				_ = entryFromAttrs(a)
+				_ = meta.EntryOf(a)
 			}
 		})
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // conflictModes are the ways a writer opens a file whose blob another
@@ -649,8 +650,8 @@ func TestOtherMetadataChangeIsNoConflict(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				md := copyMeta(a.Metadata)
-				setMetaKey(md, blobstore.MetaMode, "100600")
+				md := meta.Copy(a.Metadata)
+				meta.Set(md, blobstore.MetaMode, "100600")
 				if _, err := s.SetMetadata(ctx, name, md, blobstore.Conditions{IfMatch: a.ETag}); err != nil {
 					t.Fatal(err)
 				}

@@ -11,21 +11,16 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/journal"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
-
-// dirItem is one name of a directory pass or listing.
-type dirItem struct {
-	name  string
-	entry *dirEntry
-}
 
 // pageEntries merges one listing page into a map of entries. With more
 // pages to come it also returns the merger, which says where the listing
 // stands (last) and holds the blobs whose prefix may still come: they are
 // left out, so that a name is never shown with the wrong kind.
-func pageEntries(prefix string, page blobstore.ListPage) (map[string]*dirEntry, *pageMerger) {
-	entries := map[string]*dirEntry{}
-	emit := func(it dirItem) { entries[it.name] = it.entry }
+func pageEntries(prefix string, page blobstore.ListPage) (map[string]*meta.Entry, *pageMerger) {
+	entries := map[string]*meta.Entry{}
+	emit := func(it meta.Item) { entries[it.Name] = it.Entry }
 	m := &pageMerger{prefix: prefix}
 	m.add(page, emit)
 	if page.NextMarker != "" {
@@ -117,7 +112,7 @@ func (fs *FS) refreshListing(dirPath string) {
 
 // mergeLocal adds the children of dirPath that exist only here: files
 // created and not committed yet.
-func (fs *FS) mergeLocal(dirPath string, entries map[string]*dirEntry) {
+func (fs *FS) mergeLocal(dirPath string, entries map[string]*meta.Entry) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	var dirNode *node
@@ -140,13 +135,13 @@ func (fs *FS) mergeLocal(dirPath string, entries map[string]*dirEntry) {
 			continue
 		}
 		if _, ok := entries[k.name]; !ok {
-			entries[k.name] = &dirEntry{kind: n.kind, size: n.size, mtime: n.mtime, pending: true, attrs: n.attrs}
+			entries[k.name] = &meta.Entry{Kind: n.kind, Size: n.size, Mtime: n.mtime, Pending: true, Attrs: n.attrs}
 		}
 	}
 }
 
-func copyEntries(m map[string]*dirEntry) map[string]*dirEntry {
-	out := make(map[string]*dirEntry, len(m))
+func copyEntries(m map[string]*meta.Entry) map[string]*meta.Entry {
+	out := make(map[string]*meta.Entry, len(m))
 	for k, v := range m {
 		out[k] = v
 	}
@@ -158,7 +153,7 @@ func (fs *FS) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fus
 	if !st.Ok() {
 		return st
 	}
-	if n.kind != kindDir {
+	if n.kind != meta.KindDir {
 		return fuse.ENOTDIR
 	}
 	fs.mu.Lock()
@@ -168,11 +163,11 @@ func (fs *FS) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fus
 	return fuse.OK
 }
 
-func modeOf(k nodeKind) uint32 {
+func modeOf(k meta.Kind) uint32 {
 	switch k {
-	case kindDir:
+	case meta.KindDir:
 		return syscall.S_IFDIR
-	case kindSymlink:
+	case meta.KindSymlink:
 		return syscall.S_IFLNK
 	}
 	return syscall.S_IFREG
@@ -182,7 +177,7 @@ func modeOf(k nodeKind) uint32 {
 // position off unless the pass has ended before it. Offset 0 starts a new
 // pass; so does any offset on a handle without one (restored after a
 // restart: the new pass skips to off). The caller holds h.dirMu.
-func (fs *FS) dirEntries(ctx context.Context, h *handle, off uint64) (*dirStream, []dirItem, fuse.Status) {
+func (fs *FS) dirEntries(ctx context.Context, h *handle, off uint64) (*dirStream, []meta.Item, fuse.Status) {
 	if off == 0 || h.dir == nil {
 		path, ok := fs.pathOf(h.n)
 		if !ok {
@@ -225,7 +220,7 @@ func (fs *FS) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList
 	}
 	n := 0
 	for _, it := range items {
-		if !out.AddDirEntry(fuse.DirEntry{Name: it.name, Mode: modeOf(it.entry.kind), Off: in.Offset + uint64(n) + 1}) {
+		if !out.AddDirEntry(fuse.DirEntry{Name: it.Name, Mode: modeOf(it.Entry.Kind), Off: in.Offset + uint64(n) + 1}) {
 			break
 		}
 		n++
@@ -257,21 +252,21 @@ func (fs *FS) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntry
 		return fuse.ENOENT // removed while listing
 	}
 	for _, it := range items {
-		e := out.AddDirLookupEntry(fuse.DirEntry{Name: it.name, Mode: modeOf(it.entry.kind), Off: in.Offset + uint64(count) + 1})
+		e := out.AddDirLookupEntry(fuse.DirEntry{Name: it.Name, Mode: modeOf(it.Entry.Kind), Off: in.Offset + uint64(count) + 1})
 		if e == nil {
 			break
 		}
 		count++
-		if it.name == "." || it.name == ".." {
+		if it.Name == "." || it.Name == ".." {
 			// The kernel takes no reference for these; node id 0 says so.
 			*e = fuse.EntryOut{}
 			continue
 		}
 		var n *node
-		if !it.entry.pending {
-			n = fs.bindEntryLocked(h.n.id, it.name, *it.entry)
+		if !it.Entry.Pending {
+			n = fs.bindEntryLocked(h.n.id, it.Name, *it.Entry)
 		} else {
-			n = fs.nodes.bind(h.n.id, it.name, it.entry.kind)
+			n = fs.nodes.bind(h.n.id, it.Name, it.Entry.Kind)
 		}
 		fs.nodes.ref(n)
 		fs.fillEntry(n, e)
@@ -298,7 +293,7 @@ func (fs *FS) FsyncDir(_ <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
 }
 
 // sortedKeys returns m's keys in order.
-func sortedKeys(m map[string]*dirEntry) []string {
+func sortedKeys(m map[string]*meta.Entry) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)

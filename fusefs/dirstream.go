@@ -8,6 +8,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // A dirStream is one pass of a directory handle over its directory: what
@@ -72,7 +73,7 @@ type dirStream struct {
 	cond *sync.Cond // broadcast when items grow, or the listing ends or fails
 	// items are the pass's entries in order, only ever appended: a reader
 	// may keep a slice of them without mu.
-	items  []dirItem
+	items  []meta.Item
 	merger pageMerger
 	marker string // where the next page starts
 	pages  int    // pages fetched
@@ -92,7 +93,7 @@ type dirStream struct {
 }
 
 // dotEntry is the entry of "." and "..".
-var dotEntry = &dirEntry{kind: kindDir}
+var dotEntry = &meta.Entry{Kind: meta.KindDir}
 
 const (
 	// firstListPage is the size of a pass's first page: on Azurite a
@@ -112,7 +113,7 @@ func (fs *FS) newDirStream(dir string) *dirStream {
 	}
 	s.cond = sync.NewCond(&s.mu)
 	s.merger.prefix = s.prefix
-	s.items = append(s.items, dirItem{name: ".", entry: dotEntry}, dirItem{name: "..", entry: dotEntry})
+	s.items = append(s.items, meta.Item{Name: ".", Entry: dotEntry}, meta.Item{Name: "..", Entry: dotEntry})
 	// A walker descending: the tree below may come from one flat
 	// listing (treewalk.go).
 	fs.maybeStartWalk(dir)
@@ -141,7 +142,7 @@ func (fs *FS) newDirStream(dir string) *dirStream {
 // unless the pass has fewer: it waits for the listing only when the
 // entries at hand end before off, or are only "." and "..", and until ctx
 // ends (its caller was killed: callerdeath.go); the listing goes on.
-func (s *dirStream) await(ctx context.Context, off int) ([]dirItem, error) {
+func (s *dirStream) await(ctx context.Context, off int) ([]meta.Item, error) {
 	need := max(off, 2) // "." and ".." alone are not worth a reply
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -244,8 +245,8 @@ func (s *dirStream) fetcher() {
 			s.mu.Unlock()
 			return
 		}
-		var added []dirItem
-		emit := func(it dirItem) { added = append(added, it) }
+		var added []meta.Item
+		emit := func(it meta.Item) { added = append(added, it) }
 		s.merger.add(page, emit)
 		last := s.merger.last
 		if page.NextMarker == "" {
@@ -255,9 +256,9 @@ func (s *dirStream) fetcher() {
 			// in it one by one meanwhile (warmListing, probe).
 			s.fs.lists.markLarge(s.dir)
 		}
-		var local map[string]*dirEntry
+		var local map[string]*meta.Entry
 		if page.NextMarker == "" {
-			local = map[string]*dirEntry{}
+			local = map[string]*meta.Entry{}
 			s.fs.mergeLocal(s.dir, local)
 		}
 		s.fs.lists.passPage(s.fetch, added, last)
@@ -284,8 +285,8 @@ func (s *dirStream) fetcher() {
 // appendLocked adds it to the pass. The store lists each name once, in
 // pages that follow each other; a page that repeated the last name of the
 // one before would show it twice, and is caught here.
-func (s *dirStream) appendLocked(it dirItem) {
-	if n := len(s.items); n > 0 && s.items[n-1].name == it.name {
+func (s *dirStream) appendLocked(it meta.Item) {
+	if n := len(s.items); n > 0 && s.items[n-1].Name == it.Name {
 		return
 	}
 	s.items = append(s.items, it)
@@ -297,19 +298,19 @@ func (s *dirStream) appendLocked(it dirItem) {
 // the pass started from a listing that held it. One scan of the pass,
 // rather than an index of every name it holds, which cost about 50 bytes
 // an entry for as long as the directory was open.
-func (s *dirStream) appendLocalLocked(local map[string]*dirEntry) {
+func (s *dirStream) appendLocalLocked(local map[string]*meta.Entry) {
 	if len(local) == 0 {
 		return
 	}
 	shown := make(map[string]bool, len(local))
 	for _, it := range s.items {
-		if _, ok := local[it.name]; ok {
-			shown[it.name] = true
+		if _, ok := local[it.Name]; ok {
+			shown[it.Name] = true
 		}
 	}
 	for _, name := range sortedKeys(local) {
 		if !shown[name] {
-			s.items = append(s.items, dirItem{name: name, entry: local[name]})
+			s.items = append(s.items, meta.Item{Name: name, Entry: local[name]})
 		}
 	}
 }
@@ -326,7 +327,7 @@ type pageMerger struct {
 	prefix string
 	// held are blobs whose prefix may still come: each is a prefix of
 	// the last key, so there are at most as many as its bytes.
-	held []dirItem
+	held []meta.Item
 	// last is the last key seen, relative to prefix; a prefix's ends in
 	// "/". Every name up to it has been listed.
 	last string
@@ -334,7 +335,7 @@ type pageMerger struct {
 
 // add merges one page, calling emit for each entry whose kind is settled.
 // Names that cannot be file names are skipped, never mangled.
-func (m *pageMerger) add(page blobstore.ListPage, emit func(dirItem)) {
+func (m *pageMerger) add(page blobstore.ListPage, emit func(meta.Item)) {
 	blobs, prefixes := page.Blobs, page.Prefixes
 	for len(blobs) > 0 || len(prefixes) > 0 {
 		if len(prefixes) == 0 || len(blobs) > 0 && blobs[0].Name < prefixes[0] {
@@ -342,38 +343,38 @@ func (m *pageMerger) add(page blobstore.ListPage, emit func(dirItem)) {
 			blobs = blobs[1:]
 			key := strings.TrimPrefix(b.Name, m.prefix)
 			m.release(key, emit)
-			if checkName(key) == fuse.OK {
-				e := entryFromAttrs(b)
-				m.held = append(m.held, dirItem{name: key, entry: &e})
+			if meta.CheckName(key) == fuse.OK {
+				e := meta.EntryOf(b)
+				m.held = append(m.held, meta.Item{Name: key, Entry: &e})
 			}
 			continue
 		}
 		key := strings.TrimPrefix(prefixes[0], m.prefix)
 		prefixes = prefixes[1:]
 		name := strings.TrimSuffix(key, "/")
-		e := dirEntry{kind: kindDir}
+		e := meta.Entry{Kind: meta.KindDir}
 		for i, h := range m.held {
-			if h.name == name {
-				if h.entry.kind == kindDir {
-					e.mtime, e.attrs = h.entry.mtime, h.entry.attrs // the marker's
+			if h.Name == name {
+				if h.Entry.Kind == meta.KindDir {
+					e.Mtime, e.Attrs = h.Entry.Mtime, h.Entry.Attrs // the marker's
 				}
 				m.held = append(m.held[:i], m.held[i+1:]...)
 				break
 			}
 		}
 		m.release(key, emit)
-		if checkName(name) == fuse.OK {
-			emit(dirItem{name: name, entry: &e})
+		if meta.CheckName(name) == fuse.OK {
+			emit(meta.Item{Name: name, Entry: &e})
 		}
 	}
 }
 
 // release emits the held blobs whose prefix would come before key, and
 // records key as the last one seen.
-func (m *pageMerger) release(key string, emit func(dirItem)) {
+func (m *pageMerger) release(key string, emit func(meta.Item)) {
 	kept := m.held[:0]
 	for _, h := range m.held {
-		if h.name+"/" < key {
+		if h.Name+"/" < key {
 			emit(h)
 		} else {
 			kept = append(kept, h)
@@ -385,7 +386,7 @@ func (m *pageMerger) release(key string, emit func(dirItem)) {
 }
 
 // flush emits the held blobs: the listing ended.
-func (m *pageMerger) flush(emit func(dirItem)) {
+func (m *pageMerger) flush(emit func(meta.Item)) {
 	for _, h := range m.held {
 		emit(h)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/cache"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // Through a read-write mount: a file read once is read again from the disk
@@ -328,7 +329,7 @@ func (fs *FS) nodeETag(t *testing.T, path string) string {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	for _, n := range fs.nodes.byID {
-		if n.name == path && n.kind == kindFile {
+		if n.name == path && n.kind == meta.KindFile {
 			return n.etag
 		}
 	}

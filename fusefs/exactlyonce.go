@@ -10,6 +10,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/journal"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // Exactly once across a restart.
@@ -179,7 +180,7 @@ func (of *openFile) ownEarlierCommit(ctx context.Context, path, nonce string) (b
 	if err != nil {
 		return blobstore.Attrs{}, false
 	}
-	v, ok := metaValue(a.Metadata, blobstore.MetaCommit)
+	v, ok := meta.Value(a.Metadata, blobstore.MetaCommit)
 	return a, ok && v == nonce
 }
 
@@ -192,13 +193,13 @@ func (of *openFile) ownEarlierCommit(ctx context.Context, path, nonce string) (b
 // caller's own map, and gets the nonce.
 func (fs *FS) putNew(ctx context.Context, path string, data []byte, md map[string]string) (blobstore.Attrs, error) {
 	nonce := newCommitNonce()
-	setMetaKey(md, blobstore.MetaCommit, nonce)
+	meta.Set(md, blobstore.MetaCommit, nonce)
 	a, err := fs.store.Put(ctx, path, data, blobstore.PutOptions{Metadata: md, Conditions: blobstore.Conditions{IfNoneMatch: true}})
 	if !errors.Is(err, blobstore.ErrAlreadyExists) {
 		return a, err
 	}
 	found, serr := fs.store.Stat(ctx, path)
-	if v, ok := metaValue(found.Metadata, blobstore.MetaCommit); serr == nil && ok && v == nonce {
+	if v, ok := meta.Value(found.Metadata, blobstore.MetaCommit); serr == nil && ok && v == nonce {
 		fs.log.Debug("a retried create found its own blob (the first answer was lost)", "path", path)
 		return found, nil
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // resentCase is one namespace change whose serving process dies during it.
@@ -42,7 +43,7 @@ var resentCases = []resentCase{
 			if st, err := os.Stat(join(mnt, "dir-"+v)); err != nil || !st.IsDir() {
 				t.Fatalf("dir-%s: %v %v, want a directory", v, st, err)
 			}
-			if a, err := s.Stat(context.Background(), "dir-"+v); err != nil || !metaTrue(a.Metadata, blobstore.MetaIsFolder) {
+			if a, err := s.Stat(context.Background(), "dir-"+v); err != nil || !meta.True(a.Metadata, blobstore.MetaIsFolder) {
 				t.Fatalf("marker of dir-%s: %+v %v", v, a, err)
 			}
 		},
@@ -406,8 +407,8 @@ func TestMtimeRightAfterClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, err := store.Stat(context.Background(), "f")
-	if err != nil || !entryFromAttrs(a).mtime.Equal(when) {
-		t.Fatalf("mtime in the store right after utimes on an open, clean file: %v %v, want %v", entryFromAttrs(a).mtime, err, when)
+	if err != nil || !meta.EntryOf(a).Mtime.Equal(when) {
+		t.Fatalf("mtime in the store right after utimes on an open, clean file: %v %v, want %v", meta.EntryOf(a).Mtime, err, when)
 	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
@@ -439,8 +440,8 @@ func TestMtimeRightAfterClose(t *testing.T) {
 			t.Fatal(err)
 		}
 		a, err := store.Stat(context.Background(), fmt.Sprintf("g%d", i))
-		if err != nil || !entryFromAttrs(a).mtime.Equal(when) {
-			t.Fatalf("g%d: mtime in the store right after close+utimes: %v %v, want %v", i, entryFromAttrs(a).mtime, err, when)
+		if err != nil || !meta.EntryOf(a).Mtime.Equal(when) {
+			t.Fatalf("g%d: mtime in the store right after close+utimes: %v %v, want %v", i, meta.EntryOf(a).Mtime, err, when)
 		}
 	}
 }
@@ -598,7 +599,7 @@ func TestResentRequestsDirectly(t *testing.T) {
 	if st := fsys.Mkdir(nil, &fuse.MkdirIn{InHeader: unknown}, "fresh", &out); !st.Ok() {
 		t.Fatalf("resent mkdir with an unknown unique: %v, want OK", st)
 	}
-	if a, err := store.Stat(context.Background(), "fresh"); err != nil || !metaTrue(a.Metadata, blobstore.MetaIsFolder) {
+	if a, err := store.Stat(context.Background(), "fresh"); err != nil || !meta.True(a.Metadata, blobstore.MetaIsFolder) {
 		t.Fatalf("directory made by the resent mkdir: %+v %v", a, err)
 	}
 	// ...and the same with a name that exists: EEXIST, as for any mkdir.
@@ -809,7 +810,7 @@ func TestResentMkdirWhosePutLandsLate(t *testing.T) {
 	second.mu.Lock()
 	n := second.nodes.get(out.NodeId)
 	second.mu.Unlock()
-	if n == nil || n.kind != kindDir || n.name != "late" {
+	if n == nil || n.kind != meta.KindDir || n.name != "late" {
 		t.Fatalf("resent mkdir answered node %d (%+v), want the directory late", out.NodeId, n)
 	}
 }
@@ -956,7 +957,7 @@ func TestResentDirRenameOverEmptyDirWhoseDeleteLandsLate(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the directory the rename made lost its marker to the dead process's late Delete: %v", err)
 	}
-	if !metaTrue(a.Metadata, blobstore.MetaIsFolder) {
+	if !meta.True(a.Metadata, blobstore.MetaIsFolder) {
 		t.Fatalf("todir is no directory marker: %v", a.Metadata)
 	}
 }

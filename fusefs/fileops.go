@@ -14,6 +14,7 @@ import (
 	"github.com/blobfs/blobfs/fusefs/contentsum"
 	"github.com/blobfs/blobfs/fusefs/journal"
 	"github.com/blobfs/blobfs/fusefs/kernel"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // handle is an open file or directory, named by the id the kernel holds.
@@ -161,7 +162,7 @@ func (fs *FS) releaseFile(of *openFile) {
 		}
 		fs.mu.Unlock()
 		if listed != "" {
-			dir, _ := splitPath(listed)
+			dir, _ := meta.SplitPath(listed)
 			fs.lists.invalidate(dir)
 		}
 	}
@@ -265,24 +266,15 @@ func isConflict(err error) bool {
 
 // committed records a successful upload of n.
 func (fs *FS) committed(n *node, path string, a blobstore.Attrs, size int64) {
-	e := entryFromAttrs(a)
-	e.size = size
+	e := meta.EntryOf(a)
+	e.Size = size
 	fs.mu.Lock()
 	n.inStore = true
-	n.etag, n.size, n.mtime, n.sum = a.ETag, size, e.mtime, e.sum
+	n.etag, n.size, n.mtime, n.sum = a.ETag, size, e.Mtime, e.Sum
 	n.attrExpiry = time.Now().Add(fs.opts.AttrTimeout)
 	fs.mu.Unlock()
-	dir, name := splitPath(path)
+	dir, name := meta.SplitPath(path)
 	fs.lists.set(dir, name, e)
-}
-
-func splitPath(p string) (dir, name string) {
-	for i := len(p) - 1; i >= 0; i-- {
-		if p[i] == '/' {
-			return p[:i], p[i+1:]
-		}
-	}
-	return "", p
 }
 
 func isWrite(flags uint32) bool { return flags&syscall.O_ACCMODE != syscall.O_RDONLY }
@@ -293,11 +285,11 @@ func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.S
 		return st
 	}
 	switch n.kind {
-	case kindDir:
+	case meta.KindDir:
 		return fuse.Status(syscall.EISDIR)
-	case kindSymlink:
+	case meta.KindSymlink:
 		return fuse.Status(syscall.ELOOP)
-	case kindSpecial:
+	case meta.KindSpecial:
 		// The kernel serves FIFOs and sockets itself, and does not
 		// open device nodes on a nodev mount: nothing to open here.
 		return fuse.Status(syscall.ENXIO)
@@ -325,7 +317,7 @@ func (fs *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.S
 			return toStatus(err)
 		}
 		fs.mu.Lock()
-		fs.applyEntryLocked(n, entryFromAttrs(a))
+		fs.applyEntryLocked(n, meta.EntryOf(a))
 		superseded := n.superseded
 		fs.mu.Unlock()
 		if superseded {
@@ -471,17 +463,17 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 		// that no blob exist, not the deleted one's ETag.
 		fs.nodes.detach(old)
 	}
-	n := fs.nodes.bind(dir.id, name, kindFile)
+	n := fs.nodes.bind(dir.id, name, meta.KindFile)
 	if n.file == nil {
 		n.inStore = false
-		n.attrs, n.attrsKnown = fs.newAttrsLocked(dir, in.Caller.Uid, in.Caller.Gid, in.Mode, kindFile, now), true
+		n.attrs, n.attrsKnown = fs.newAttrsLocked(dir, in.Caller.Uid, in.Caller.Gid, in.Mode, meta.KindFile, now), true
 	}
 	touchDirLocked(dir, now)
 	n.size, n.mtime = 0, now
 	etag, inStore := n.etag, n.inStore && in.Flags&syscall.O_EXCL == 0
 	of := fs.acquireFileLocked(n)
 	fs.mu.Unlock()
-	path := joinPath(dirPath, name)
+	path := meta.JoinPath(dirPath, name)
 	of.streamName.Store(&path)
 
 	// What the writer saw, before the spill file exists, so that its
@@ -495,7 +487,7 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 	}
 	fs.crashPoint("create", "store", name) // the spill file exists, the handle not yet
 	fs.mu.Lock()
-	e := dirEntry{kind: kindFile, mtime: now, pending: true, attrs: n.attrs}
+	e := meta.Entry{Kind: meta.KindFile, Mtime: now, Pending: true, Attrs: n.attrs}
 	fs.mu.Unlock()
 	fs.lists.set(dirPath, name, e)
 
@@ -515,13 +507,13 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 
 // checkNew validates a name about to be created in dir.
 func (fs *FS) checkNew(dir *node, dirPath, name string) fuse.Status {
-	if dir.kind != kindDir {
+	if dir.kind != meta.KindDir {
 		return fuse.ENOTDIR
 	}
-	if st := checkName(name); !st.Ok() {
+	if st := meta.CheckName(name); !st.Ok() {
 		return st
 	}
-	return checkPath(joinPath(dirPath, name))
+	return meta.CheckPath(meta.JoinPath(dirPath, name))
 }
 
 func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
@@ -551,7 +543,7 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 			return nil, toStatus(err)
 		}
 		fs.mu.Lock()
-		fs.applyEntryLocked(h.n, entryFromAttrs(a))
+		fs.applyEntryLocked(h.n, meta.EntryOf(a))
 		fs.mu.Unlock()
 		etag, size = a.ETag, a.Size
 	}
@@ -570,7 +562,7 @@ func (fs *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 		var a blobstore.Attrs
 		if a, err = fs.store.Stat(ctx, path); err == nil {
 			fs.mu.Lock()
-			fs.applyEntryLocked(h.n, entryFromAttrs(a))
+			fs.applyEntryLocked(h.n, meta.EntryOf(a))
 			fs.mu.Unlock()
 			etag = a.ETag // what the check below is about now
 			if err = fs.sums.Expect(path, a.ETag, a.Size, contentsum.Of(a.ContentMD5), off == 0); err == nil {

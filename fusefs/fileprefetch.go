@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/blobfs/blobfs/fusefs/cache"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // Whole-file prefetch for directories read file by file.
@@ -44,7 +45,7 @@ func (fs *FS) prefetchAfterOpen(path string) {
 	if fs.opts.PrefetchFiles <= 0 {
 		return
 	}
-	dir, name := splitPath(path)
+	dir, name := meta.SplitPath(path)
 	p := &fs.prefetcher
 	p.mu.Lock()
 	if p.runs == nil || len(p.runs) >= maxReadRuns {
@@ -71,24 +72,24 @@ func (fs *FS) prefetchAfterOpen(path string) {
 	budget := fs.opts.BlockCacheBytes / 4
 	handed := ""
 	for _, it := range fs.lists.following(dir, name, window) {
-		e := it.entry
-		if e.kind != kindFile || e.pending || e.etag == "" || e.size <= 0 || e.size > fs.opts.ReadBlockSize {
+		e := it.Entry
+		if e.Kind != meta.KindFile || e.Pending || e.ETag == "" || e.Size <= 0 || e.Size > fs.opts.ReadBlockSize {
 			continue
 		}
-		if budget -= e.size; budget < 0 {
+		if budget -= e.Size; budget < 0 {
 			break
 		}
-		if it.name <= ahead {
+		if it.Name <= ahead {
 			continue // handed out already
 		}
-		path := joinPath(dir, it.name)
-		if fs.sums.Expect(path, e.etag, e.size, e.sum, !fs.blocks.Has(cache.BlockKey{Name: path, ETag: e.etag, Idx: 0})) != nil {
+		path := meta.JoinPath(dir, it.Name)
+		if fs.sums.Expect(path, e.ETag, e.Size, e.Sum, !fs.blocks.Has(cache.BlockKey{Name: path, ETag: e.ETag, Idx: 0})) != nil {
 			continue // known not to match its Content-MD5
 		}
-		if !fs.blocks.Prefetch(cache.BlockKey{Name: path, ETag: e.etag, Idx: 0}, e.size, 0) {
+		if !fs.blocks.Prefetch(cache.BlockKey{Name: path, ETag: e.ETag, Idx: 0}, e.Size, 0) {
 			break // no fetch slot or no room: try again at the next open
 		}
-		handed = it.name
+		handed = it.Name
 	}
 	if handed == "" {
 		return

@@ -20,6 +20,7 @@ import (
 	"github.com/blobfs/blobfs/fusefs/contentsum"
 	"github.com/blobfs/blobfs/fusefs/journal"
 	"github.com/blobfs/blobfs/fusefs/memory"
+	"github.com/blobfs/blobfs/fusefs/meta"
 	"github.com/blobfs/blobfs/fusefs/upload"
 )
 
@@ -310,14 +311,14 @@ func (fs *FS) fillAttr(n *node, a *fuse.Attr) {
 			size = s
 		}
 	}
-	a.Mode = kindType(n.kind, n.attrs.special) | sh.perm
+	a.Mode = meta.KindType(n.kind, n.attrs.Special) | sh.perm
 	switch n.kind {
-	case kindDir:
+	case meta.KindDir:
 		a.Nlink = 2 + uint32(n.subdirs)
 		a.Size = 4096
-	case kindSpecial:
+	case meta.KindSpecial:
 		a.Nlink = 1
-		a.Rdev = n.attrs.rdev
+		a.Rdev = n.attrs.Rdev
 	default:
 		a.Nlink = 1
 		a.Size = uint64(size)
@@ -333,7 +334,7 @@ func (fs *FS) fillAttr(n *node, a *fuse.Attr) {
 	if n.touched.After(mt) {
 		mt = n.touched
 	}
-	at, ct := n.attrs.atime, n.attrs.ctime
+	at, ct := n.attrs.Atime, n.attrs.Ctime
 	if at.IsZero() {
 		at = mt
 	}
@@ -355,7 +356,7 @@ func (fs *FS) fillEntry(n *node, out *fuse.EntryOut) {
 // unless n's content is held locally and newer, or n's passthrough
 // handles read another version: then n keeps the attributes of the
 // version they read and gives up its name (supersedeLocked).
-func (fs *FS) applyEntryLocked(n *node, e dirEntry) {
+func (fs *FS) applyEntryLocked(n *node, e meta.Entry) {
 	if n.file != nil && n.file.hasSpill.Load() {
 		return
 	}
@@ -363,30 +364,30 @@ func (fs *FS) applyEntryLocked(n *node, e dirEntry) {
 		fs.supersedeLocked(n)
 		return
 	}
-	n.size, n.mtime, n.etag, n.sum = e.size, e.mtime, e.etag, e.sum
-	n.inStore = !e.pending
-	if !e.pending || !n.attrsKnown {
+	n.size, n.mtime, n.etag, n.sum = e.Size, e.Mtime, e.ETag, e.Sum
+	n.inStore = !e.Pending
+	if !e.Pending || !n.attrsKnown {
 		// A pending entry is this mount's own: the node has the
 		// attributes it was made with. Times this mount moved in
 		// memory only (reads, renames) stay when they are newer.
-		at, ct := n.attrs.atime, n.attrs.ctime
-		n.attrs = e.attrs
-		if n.attrsKnown && at.After(n.attrs.atime) {
-			n.attrs.atime = at
+		at, ct := n.attrs.Atime, n.attrs.Ctime
+		n.attrs = e.Attrs
+		if n.attrsKnown && at.After(n.attrs.Atime) {
+			n.attrs.Atime = at
 		}
-		if n.attrsKnown && ct.After(n.attrs.ctime) {
-			n.attrs.ctime = ct
+		if n.attrsKnown && ct.After(n.attrs.Ctime) {
+			n.attrs.Ctime = ct
 		}
 		n.attrsKnown = true
 	}
-	if e.target != "" {
-		n.target = e.target
+	if e.Target != "" {
+		n.target = e.Target
 	}
 	n.attrExpiry = time.Now().Add(fs.opts.AttrTimeout)
 }
 
 func (fs *FS) attrFresh(n *node) bool {
-	if n.kind == kindDir {
+	if n.kind == meta.KindDir {
 		return true // directories carry no data to go stale
 	}
 	if !n.inStore || (n.file != nil && n.file.hasSpill.Load()) {
@@ -398,7 +399,7 @@ func (fs *FS) attrFresh(n *node) bool {
 // bindingFresh tells whether n's name can be trusted without asking the
 // store again.
 func (fs *FS) bindingFresh(n *node) bool {
-	if n.kind == kindDir {
+	if n.kind == meta.KindDir {
 		return time.Now().Before(n.attrExpiry)
 	}
 	return fs.attrFresh(n)
@@ -466,7 +467,7 @@ func (fs *FS) node(id uint64) (*node, string, fuse.Status) {
 // request now is. A directory found larger than a page is remembered
 // (markLarge) and probed with a one-name listing for a while, as a path
 // walked through it would otherwise fetch a page it does not use.
-func (fs *FS) probe(ctx context.Context, path string) (dirEntry, error) {
+func (fs *FS) probe(ctx context.Context, path string) (meta.Entry, error) {
 	var (
 		attrs   blobstore.Attrs
 		statErr error
@@ -501,21 +502,21 @@ func (fs *FS) probe(ctx context.Context, path string) (dirEntry, error) {
 		}
 	}
 	if err != nil {
-		return dirEntry{}, err
+		return meta.Entry{}, err
 	}
 	if isDir {
-		e := dirEntry{kind: kindDir}
+		e := meta.Entry{Kind: meta.KindDir}
 		if statErr == nil {
 			// A marker too: the directory's attributes.
-			m := entryFromAttrs(attrs)
-			e.mtime, e.attrs = m.mtime, m.attrs
+			m := meta.EntryOf(attrs)
+			e.Mtime, e.Attrs = m.Mtime, m.Attrs
 		}
 		return e, nil
 	}
 	if statErr != nil {
-		return dirEntry{}, statErr
+		return meta.Entry{}, statErr
 	}
-	return entryFromAttrs(attrs), nil
+	return meta.EntryOf(attrs), nil
 }
 
 // resolve finds name in directory dir and returns its node (no lookup
@@ -528,7 +529,7 @@ func (fs *FS) resolve(ctx context.Context, dir *node, dirPath, name string) (*no
 	}
 	fs.mu.Unlock()
 
-	path := joinPath(dirPath, name)
+	path := meta.JoinPath(dirPath, name)
 	e, found, ok := fs.lists.lookup(dirPath, name)
 	if !ok {
 		if n := fs.listedDir(dir, name, path); n != nil {
@@ -558,11 +559,11 @@ func (fs *FS) resolve(ctx context.Context, dir *node, dirPath, name string) (*no
 // e on it. A node whose passthrough handles read another version than e
 // keeps that version and gives the name to a new node: the kernel then
 // makes a new inode for it, whose opens read e's version.
-func (fs *FS) bindEntryLocked(parent uint64, name string, e dirEntry) *node {
-	n := fs.nodes.bind(parent, name, e.kind)
+func (fs *FS) bindEntryLocked(parent uint64, name string, e meta.Entry) *node {
+	n := fs.nodes.bind(parent, name, e.Kind)
 	if n.io.pinnedToOtherVersion(e) {
 		fs.supersedeLocked(n)
-		n = fs.nodes.bind(parent, name, e.kind)
+		n = fs.nodes.bind(parent, name, e.Kind)
 	}
 	fs.applyEntryLocked(n, e)
 	return n
@@ -584,7 +585,7 @@ func (fs *FS) listedDir(dir *node, name, path string) *node {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	n := fs.nodes.child(dir.id, name)
-	if n == nil || n.kind != kindDir {
+	if n == nil || n.kind != meta.KindDir {
 		return nil
 	}
 	n.attrExpiry = time.Now().Add(fs.opts.AttrTimeout)
@@ -598,10 +599,10 @@ func (fs *FS) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *fuse
 	if !st.Ok() {
 		return st
 	}
-	if dir.kind != kindDir {
+	if dir.kind != meta.KindDir {
 		return fuse.ENOTDIR
 	}
-	if st := checkName(name); !st.Ok() {
+	if st := meta.CheckName(name); !st.Ok() {
 		if st == fuse.Status(syscall.ENAMETOOLONG) {
 			return st
 		}
@@ -622,7 +623,7 @@ func (fs *FS) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *fuse
 	}
 	if err != nil {
 		if !callerGone(ctx) {
-			fs.log.Warn("lookup failed", "path", joinPath(dirPath, name), "err", err)
+			fs.log.Warn("lookup failed", "path", meta.JoinPath(dirPath, name), "err", err)
 		}
 		return toStatus(err)
 	}
@@ -678,11 +679,11 @@ func (fs *FS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) 
 // marker's; one without a marker shows the defaults: its existence is not
 // in question here, a lookup established it). The caller holds FS.mu.
 func (fs *FS) applyStatLocked(n *node, a blobstore.Attrs, err error) error {
-	if n.kind == kindDir {
+	if n.kind == meta.KindDir {
 		switch {
 		case err == nil:
-			n.attrs, n.attrsKnown = parsePOSIX(a.Metadata), true
-			if t, ok := metaMtime(a.Metadata); ok {
+			n.attrs, n.attrsKnown = meta.ParsePosix(a.Metadata), true
+			if t, ok := meta.Mtime(a.Metadata); ok {
 				n.mtime = t
 			}
 		case errors.Is(err, blobstore.ErrNotFound):
@@ -695,10 +696,10 @@ func (fs *FS) applyStatLocked(n *node, a blobstore.Attrs, err error) error {
 	if err != nil {
 		return err
 	}
-	fs.applyEntryLocked(n, entryFromAttrs(a))
+	fs.applyEntryLocked(n, meta.EntryOf(a))
 	if !n.attrsKnown {
 		// Its content is local and newer; its attributes are the blob's.
-		n.attrs, n.attrsKnown = parsePOSIX(a.Metadata), true
+		n.attrs, n.attrsKnown = meta.ParsePosix(a.Metadata), true
 	}
 	return nil
 }
@@ -765,14 +766,14 @@ func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) 
 	// the store cannot keep are refused, never accepted and lost.
 	if (setMode || setUID || setGID) && fs.opts.NoAttrWrites ||
 		setMode && fs.opts.ForcePerm || (setUID || setGID) && fs.opts.ForceOwner ||
-		setMode && n.kind == kindSymlink { // a link's mode is always 0777
+		setMode && n.kind == meta.KindSymlink { // a link's mode is always 0777
 		return fuse.EPERM
 	}
-	if (setAtime || setMtime) && fs.opts.NoAttrWrites && n.kind == kindDir {
+	if (setAtime || setMtime) && fs.opts.NoAttrWrites && n.kind == meta.KindDir {
 		return fuse.OK // directory times were never stored; tar and rsync set them
 	}
 	if setSize {
-		if n.kind != kindFile {
+		if n.kind != meta.KindFile {
 			return fuse.EINVAL
 		}
 		if err := fs.truncate(ctx, n, int64(size)); err != nil {
@@ -795,23 +796,23 @@ func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) 
 		was, wasKnown := n.attrs, n.attrsKnown
 		a := &n.attrs
 		if setMode {
-			a.perm, a.hasPerm = mode&0o7777, true
-		} else if !a.hasPerm && !fs.opts.NoAttrWrites && !fs.opts.ForcePerm {
-			a.perm, a.hasPerm = cur.perm, true // what it showed, now stored
+			a.Perm, a.HasPerm = mode&0o7777, true
+		} else if !a.HasPerm && !fs.opts.NoAttrWrites && !fs.opts.ForcePerm {
+			a.Perm, a.HasPerm = cur.perm, true // what it showed, now stored
 		}
-		if setUID || setGID || !a.hasUID && !fs.opts.NoAttrWrites && !fs.opts.ForceOwner {
-			a.uid, a.gid, a.hasUID, a.hasGID = cur.uid, cur.gid, true, true
+		if setUID || setGID || !a.HasUID && !fs.opts.NoAttrWrites && !fs.opts.ForceOwner {
+			a.UID, a.GID, a.HasUID, a.HasGID = cur.uid, cur.gid, true, true
 			if setUID {
-				a.uid = uid
+				a.UID = uid
 			}
 			if setGID {
-				a.gid = gid
+				a.GID = gid
 			}
 		}
 		if setAtime {
-			a.atime = atime
+			a.Atime = atime
 		}
-		a.ctime = now
+		a.Ctime = now
 		n.attrsKnown = true
 		fs.mu.Unlock()
 		var mt *time.Time
@@ -840,7 +841,7 @@ func (fs *FS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) 
 // nlink) from its cached listing, if it has one. It takes FS.mu itself:
 // the listing cache's lock is never taken under it.
 func (fs *FS) countSubdirs(n *node, path string) {
-	if n.kind != kindDir {
+	if n.kind != meta.KindDir {
 		return
 	}
 	if c, ok := fs.lists.subdirCount(path); ok {
@@ -857,9 +858,9 @@ func (fs *FS) refreshEntry(n *node, path string) {
 		return
 	}
 	fs.mu.Lock()
-	e := dirEntry{kind: n.kind, size: n.size, mtime: n.mtime, etag: n.etag, sum: n.sum, target: n.target, pending: !n.inStore, attrs: n.attrs}
+	e := meta.Entry{Kind: n.kind, Size: n.size, Mtime: n.mtime, ETag: n.etag, Sum: n.sum, Target: n.target, Pending: !n.inStore, Attrs: n.attrs}
 	fs.mu.Unlock()
-	dir, name := splitPath(path)
+	dir, name := meta.SplitPath(path)
 	if _, found, ok := fs.lists.lookup(dir, name); ok && found {
 		fs.lists.set(dir, name, e)
 	}
@@ -890,7 +891,7 @@ func (fs *FS) StatFs(_ <-chan struct{}, h *fuse.InHeader, out *fuse.StatfsOut) f
 	*out = fuse.StatfsOut{
 		Blocks: blocks, Bfree: blocks, Bavail: blocks,
 		Files: 1 << 32, Ffree: 1 << 32,
-		Bsize: 4096, Frsize: 4096, NameLen: maxComponent,
+		Bsize: 4096, Frsize: 4096, NameLen: meta.MaxComponent,
 	}
 	return fuse.OK
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // TestInodeNumberSurvivesForget: a file, directory, symlink or FIFO keeps
@@ -82,7 +83,7 @@ func TestRememberedIDsAreBounded(t *testing.T) {
 	tbl := newNodeTable()
 	root := uint64(1)
 	drop := func(name string) uint64 {
-		n := tbl.bind(root, name, kindFile)
+		n := tbl.bind(root, name, meta.KindFile)
 		tbl.maybeDrop(n) // no lookups, no file: dropped at once
 		if tbl.get(n.id) != nil {
 			t.Fatalf("%s not dropped", name)
@@ -90,13 +91,13 @@ func TestRememberedIDsAreBounded(t *testing.T) {
 		return n.id
 	}
 	first := drop("f0")
-	if n := tbl.bind(root, "f0", kindFile); n.id != first {
+	if n := tbl.bind(root, "f0", meta.KindFile); n.id != first {
 		t.Fatalf("f0 came back as %d, was %d", n.id, first)
 	}
 	// Consumed: a second node of the name while the first lives is the
 	// same node; a node of another kind gets a new id.
 	dirID := drop("d")
-	if n := tbl.bind(root, "d", kindDir); n.id == dirID {
+	if n := tbl.bind(root, "d", meta.KindDir); n.id == dirID {
 		t.Fatalf("a directory took a file's remembered id %d", dirID)
 	}
 	ids := map[string]uint64{}
@@ -104,11 +105,11 @@ func TestRememberedIDsAreBounded(t *testing.T) {
 		name := fmt.Sprintf("g%d", i)
 		ids[name] = drop(name)
 	}
-	if n := tbl.bind(root, "g0", kindFile); n.id == ids["g0"] {
+	if n := tbl.bind(root, "g0", meta.KindFile); n.id == ids["g0"] {
 		t.Errorf("the oldest of %d dropped names kept its id", rememberedIDs+10)
 	}
 	last := fmt.Sprintf("g%d", rememberedIDs+9)
-	if n := tbl.bind(root, last, kindFile); n.id != ids[last] {
+	if n := tbl.bind(root, last, meta.KindFile); n.id != ids[last] {
 		t.Errorf("the newest dropped name got id %d, was %d", n.id, ids[last])
 	}
 	if len(tbl.remembered) > rememberedIDs || len(tbl.forgotten) > rememberedIDs {

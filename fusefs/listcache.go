@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/blobfs/blobfs/fusefs/contentsum"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // listCache remembers directory listings for Options.ListTimeout so that
@@ -85,7 +85,7 @@ type listFetch struct {
 // listChange is one change to a name: set to e, or removed.
 type listChange struct {
 	name    string
-	e       *dirEntry
+	e       *meta.Entry
 	removed bool
 }
 
@@ -127,7 +127,7 @@ func (c *listCache) endFetchLocked(f *listFetch) {
 // beginFetch returned f, this mount's changes to the directory since then,
 // and stores a copy of the result. It reports whether the copy was kept:
 // not when a change could not be replayed (entries then lack it).
-func (c *listCache) putFetched(entries map[string]*dirEntry, f *listFetch) bool {
+func (c *listCache) putFetched(entries map[string]*meta.Entry, f *listFetch) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.endFetchLocked(f)
@@ -150,7 +150,7 @@ func (c *listCache) putFetched(entries map[string]*dirEntry, f *listFetch) bool 
 // while it is fresh goes on from it (start: where the listing continues).
 // It never replaces a listing a pass is feeding, nor a complete one still
 // fresh.
-func (c *listCache) putPartialFetched(entries map[string]*dirEntry, start *passStart, f *listFetch) bool {
+func (c *listCache) putPartialFetched(entries map[string]*meta.Entry, start *passStart, f *listFetch) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.endFetchLocked(f)
@@ -178,7 +178,7 @@ func (c *listCache) putPartialFetched(entries map[string]*dirEntry, start *passS
 // the entries up to where it got, in name order, and the store's listing
 // from there on.
 type passStart struct {
-	items  []dirItem
+	items  []meta.Item
 	marker string // the next page's
 	merger pageMerger
 }
@@ -212,19 +212,19 @@ func (c *listCache) startPass(dir string) (f *listFetch, start *passStart) {
 		start.merger.held = slices.Clone(start.merger.held)
 		held := map[string]bool{}
 		for i, h := range start.merger.held {
-			held[h.name] = true
-			if e := l.entries[h.name]; e != nil {
-				start.merger.held[i].entry = e // this mount's newer view
+			held[h.Name] = true
+			if e := l.entries[h.Name]; e != nil {
+				start.merger.held[i].Entry = e // this mount's newer view
 			}
 		}
 		for _, name := range l.sortedLocked() {
 			if name < l.last && !held[name] {
-				start.items = append(start.items, dirItem{name: name, entry: l.entries[name]})
+				start.items = append(start.items, meta.Item{Name: name, Entry: l.entries[name]})
 			}
 		}
 	} else {
 		c.dropLocked(dir)
-		l = &listing{entries: map[string]*dirEntry{}}
+		l = &listing{entries: map[string]*meta.Entry{}}
 		c.dirs[dir] = l
 	}
 	l.pass, l.expiry = f, c.now().Add(c.ttl)
@@ -249,7 +249,7 @@ func (c *listCache) passFetching(f *listFetch, on bool) {
 // passPage adds a page's entries to f's listing, the listing having now
 // gone past last, and replays onto them this mount's changes to those
 // names since the pass began (the page may predate them).
-func (c *listCache) passPage(f *listFetch, items []dirItem, last string) {
+func (c *listCache) passPage(f *listFetch, items []meta.Item, last string) {
 	if f == nil {
 		return
 	}
@@ -269,12 +269,12 @@ func (c *listCache) passPage(f *listFetch, items []dirItem, last string) {
 		names = make(map[string]bool, len(items))
 	}
 	for _, it := range items {
-		if _, had := l.entries[it.name]; !had {
+		if _, had := l.entries[it.Name]; !had {
 			c.countLocked(1)
 		}
-		l.entries[it.name] = it.entry
+		l.entries[it.Name] = it.Entry
 		if names != nil {
-			names[it.name] = true
+			names[it.Name] = true
 		}
 	}
 	for _, ch := range f.changes {
@@ -299,7 +299,7 @@ func (c *listCache) passPage(f *listFetch, items []dirItem, last string) {
 // passListed completes f's listing: the store's listing ended, and local
 // holds the names that exist only here (mergeLocal). The listing stays
 // with the pass until endPass.
-func (c *listCache) passListed(f *listFetch, local map[string]*dirEntry) {
+func (c *listCache) passListed(f *listFetch, local map[string]*meta.Entry) {
 	if f == nil {
 		return
 	}
@@ -489,7 +489,7 @@ type listing struct {
 	expiry     time.Time
 	refreshing bool          // a refresh was started (claimRefresh)
 	took       time.Duration // how long fetching this listing took
-	entries    map[string]*dirEntry
+	entries    map[string]*meta.Entry
 	// complete: entries are the whole directory. Otherwise last is the
 	// last key the listing's pages reached, relative to the directory (a
 	// subdirectory's ends in "/"), and entries are the names up to it
@@ -514,18 +514,6 @@ type listing struct {
 	// walker has used it yet (they count as ahead of the walker).
 	walk       *treeWalk
 	prefetched int
-}
-
-// dirEntry is what a listing says about one name.
-type dirEntry struct {
-	kind    nodeKind
-	size    int64
-	mtime   time.Time
-	etag    string
-	sum     contentsum.Sum // Content-MD5
-	target  string         // symlinks: unknown ("") in listings
-	pending bool           // created here, not yet committed
-	attrs   posixAttrs
 }
 
 func newListCache(ttl time.Duration, maxEntries, walkAhead int) *listCache {
@@ -628,7 +616,7 @@ func (c *listCache) clear() {
 }
 
 // put stores a complete listing of dir.
-func (c *listCache) put(dir string, entries map[string]*dirEntry) {
+func (c *listCache) put(dir string, entries map[string]*meta.Entry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.putLocked(dir, entries, 0, "")
@@ -636,7 +624,7 @@ func (c *listCache) put(dir string, entries map[string]*dirEntry) {
 
 // putLocked stores a listing that took took to fetch, complete when last
 // is "" and partial up to last otherwise, and reports whether it was kept.
-func (c *listCache) putLocked(dir string, entries map[string]*dirEntry, took time.Duration, last string) bool {
+func (c *listCache) putLocked(dir string, entries map[string]*meta.Entry, took time.Duration, last string) bool {
 	if c.ttl <= 0 {
 		return false
 	}
@@ -652,12 +640,12 @@ func (c *listCache) putLocked(dir string, entries map[string]*dirEntry, took tim
 // lookup answers whether name is in dir. ok is false when there is no fresh
 // listing of dir that knows: none, or a partial one that has not reached
 // name.
-func (c *listCache) lookup(dir, name string) (e dirEntry, found, ok bool) {
+func (c *listCache) lookup(dir, name string) (e meta.Entry, found, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
 	if l == nil {
-		return dirEntry{}, false, false
+		return meta.Entry{}, false, false
 	}
 	c.usedLocked(l)
 	if p := l.entries[name]; p != nil {
@@ -666,7 +654,7 @@ func (c *listCache) lookup(dir, name string) (e dirEntry, found, ok bool) {
 	if found || l.complete {
 		return e, found, true
 	}
-	return dirEntry{}, false, l.covers(name)
+	return meta.Entry{}, false, l.covers(name)
 }
 
 // covers reports whether a partial listing's pages went past every key
@@ -700,7 +688,7 @@ func (c *listCache) holdsStoreNames(dir string) bool {
 		return false
 	}
 	for _, e := range l.entries {
-		if !e.pending {
+		if !e.Pending {
 			return true
 		}
 	}
@@ -719,7 +707,7 @@ func (c *listCache) subdirCount(dir string) (int, bool) {
 	if l.subdirs == 0 {
 		n := 0
 		for _, e := range l.entries {
-			if e.kind == kindDir {
+			if e.Kind == meta.KindDir {
 				n++
 			}
 		}
@@ -730,7 +718,7 @@ func (c *listCache) subdirCount(dir string) (int, bool) {
 
 // snapshot appends to items a fresh complete listing of dir in name
 // order, or returns ok=false.
-func (c *listCache) snapshot(dir string, items []dirItem) (_ []dirItem, ok bool) {
+func (c *listCache) snapshot(dir string, items []meta.Item) (_ []meta.Item, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
@@ -739,7 +727,7 @@ func (c *listCache) snapshot(dir string, items []dirItem) (_ []dirItem, ok bool)
 	}
 	c.usedLocked(l)
 	for _, name := range l.sortedLocked() {
-		items = append(items, dirItem{name: name, entry: l.entries[name]})
+		items = append(items, meta.Item{Name: name, Entry: l.entries[name]})
 	}
 	return items, true
 }
@@ -792,7 +780,7 @@ func refreshGrace(ttl, took time.Duration) time.Duration {
 
 // following returns up to max entries of dir's fresh listing that come
 // after name, in name order; none when dir has no fresh listing.
-func (c *listCache) following(dir, name string, max int) []dirItem {
+func (c *listCache) following(dir, name string, max int) []meta.Item {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
@@ -804,15 +792,15 @@ func (c *listCache) following(dir, name string, max int) []dirItem {
 	if found {
 		i++
 	}
-	var out []dirItem
+	var out []meta.Item
 	for ; i < len(sorted) && len(out) < max; i++ {
-		out = append(out, dirItem{name: sorted[i], entry: l.entries[sorted[i]]})
+		out = append(out, meta.Item{Name: sorted[i], Entry: l.entries[sorted[i]]})
 	}
 	return out
 }
 
 // set records name in dir's listing if one is cached.
-func (c *listCache) set(dir, name string, e dirEntry) {
+func (c *listCache) set(dir, name string, e meta.Entry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := &e // shared, never changed: a change replaces it
@@ -833,8 +821,8 @@ func (c *listCache) set(dir, name string, e dirEntry) {
 // comes (delta 1) or goes (-1): recounting a large directory on every
 // change made each create in it cost a pass over all its names (the
 // kernel asks for the directory's attributes after each one).
-func (l *listing) countSubdirLocked(e *dirEntry, delta int) {
-	if e != nil && e.kind == kindDir && l.subdirs != 0 {
+func (l *listing) countSubdirLocked(e *meta.Entry, delta int) {
+	if e != nil && e.Kind == meta.KindDir && l.subdirs != 0 {
 		l.subdirs += delta
 	}
 }

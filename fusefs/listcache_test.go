@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // fakeClock is a clock that moves only when a test says so: a listing's
@@ -44,7 +45,7 @@ func TestListCacheRefreshAhead(t *testing.T) {
 	// The last quarter of a 2 s life starts at 1.5 s.
 	c := newListCache(2*time.Second, 1000, 0)
 	clock := useFakeClock(c)
-	c.put("d", map[string]*dirEntry{"a": {kind: kindFile}})
+	c.put("d", map[string]*meta.Entry{"a": {Kind: meta.KindFile}})
 	if c.claimRefresh("d") {
 		t.Fatal("a listing just taken was claimed for refresh")
 	}
@@ -59,7 +60,7 @@ func TestListCacheRefreshAhead(t *testing.T) {
 	if c.claimRefresh("d") {
 		t.Fatal("claimed for refresh twice")
 	}
-	c.put("d", map[string]*dirEntry{"a": {kind: kindFile}})
+	c.put("d", map[string]*meta.Entry{"a": {Kind: meta.KindFile}})
 	if c.claimRefresh("d") {
 		t.Fatal("the refreshed listing was claimed at once")
 	}
@@ -68,8 +69,8 @@ func TestListCacheRefreshAhead(t *testing.T) {
 	}
 	// A directory this mount is changing is refreshed too: its changes
 	// are replayed onto the listing fetched meanwhile.
-	c.put("w", map[string]*dirEntry{})
-	c.set("w", "new", dirEntry{kind: kindFile})
+	c.put("w", map[string]*meta.Entry{})
+	c.set("w", "new", meta.Entry{Kind: meta.KindFile})
 	clock.advance(1500 * time.Millisecond)
 	if !c.claimRefresh("w") {
 		t.Fatal("a directory being changed here was not claimed for refresh")
@@ -98,7 +99,7 @@ func TestListCacheGraceWhileRefreshing(t *testing.T) {
 	for _, d := range []string{"refreshed", "idle"} {
 		fetch := c.beginFetch(d)
 		fetch.start = fetch.start.Add(-100 * time.Millisecond) // a fetch of 100 ms
-		if !c.putFetched(map[string]*dirEntry{"a": {kind: kindFile}}, fetch) {
+		if !c.putFetched(map[string]*meta.Entry{"a": {Kind: meta.KindFile}}, fetch) {
 			t.Fatal("listing not stored")
 		}
 	}
@@ -138,19 +139,19 @@ func TestListCacheGraceWhileRefreshing(t *testing.T) {
 func TestListCacheChangesDuringFetch(t *testing.T) {
 	c := newListCache(time.Minute, 1000, 0)
 	fetch := c.beginFetch("d")
-	c.set("d", "new", dirEntry{kind: kindFile, size: 7})
+	c.set("d", "new", meta.Entry{Kind: meta.KindFile, Size: 7})
 	c.remove("d", "gone")
-	c.set("d", "again", dirEntry{kind: kindFile})
+	c.set("d", "again", meta.Entry{Kind: meta.KindFile})
 	c.remove("d", "again")
-	c.set("elsewhere", "x", dirEntry{kind: kindFile})
+	c.set("elsewhere", "x", meta.Entry{Kind: meta.KindFile})
 	// The store's listing saw "gone" but not "new"; "old" is another
 	// writer's, and "again" was created and removed meanwhile.
-	fetched := map[string]*dirEntry{"old": {kind: kindFile}, "gone": {kind: kindFile}, "again": {kind: kindFile}}
+	fetched := map[string]*meta.Entry{"old": {Kind: meta.KindFile}, "gone": {Kind: meta.KindFile}, "again": {Kind: meta.KindFile}}
 	if !c.putFetched(fetched, fetch) {
 		t.Fatal("a listing fetched while this mount changed its directory was not cached")
 	}
 	items, ok := c.snapshot("d", nil)
-	if !ok || len(items) != 2 || items[0].name != "new" || items[1].name != "old" || items[0].entry.size != 7 {
+	if !ok || len(items) != 2 || items[0].Name != "new" || items[1].Name != "old" || items[0].Entry.Size != 7 {
 		t.Fatalf("listing after replay = %v (ok %v), want [new old] with new of 7 bytes", items, ok)
 	}
 	if _, found, ok := c.lookup("elsewhere", "x"); ok || found {
@@ -158,7 +159,7 @@ func TestListCacheChangesDuringFetch(t *testing.T) {
 	}
 	// Changes after the listing was stored go to it directly, not to a
 	// fetch that has ended.
-	c.set("d", "later", dirEntry{kind: kindFile})
+	c.set("d", "later", meta.Entry{Kind: meta.KindFile})
 	if _, found, _ := c.lookup("d", "later"); !found {
 		t.Fatal("a change after the fetch is missing")
 	}
@@ -176,7 +177,7 @@ func TestListCacheChangesDuringFetch(t *testing.T) {
 	} {
 		fetch := c.beginFetch("p/d")
 		change.do()
-		if c.putFetched(map[string]*dirEntry{"old": {kind: kindFile}}, fetch) {
+		if c.putFetched(map[string]*meta.Entry{"old": {Kind: meta.KindFile}}, fetch) {
 			t.Errorf("%s: a listing taken before the change was cached", change.name)
 		}
 		if _, _, ok := c.lookup("p/d", "old"); ok {
@@ -185,7 +186,7 @@ func TestListCacheChangesDuringFetch(t *testing.T) {
 	}
 	fetch = c.beginFetch("p/d")
 	c.invalidateTree("p/dd") // a sibling whose name starts the same
-	if !c.putFetched(map[string]*dirEntry{}, fetch) {
+	if !c.putFetched(map[string]*meta.Entry{}, fetch) {
 		t.Error("a change to a sibling kept the listing out")
 	}
 	c.endFetch(c.beginFetch("p/d")) // a fetch that brought no listing
@@ -225,10 +226,10 @@ func TestListCacheBudgetSharedByMounts(t *testing.T) {
 	held, limit := ListCacheNames()
 	t.Cleanup(func() { SetListCacheBytes(limit * ListCacheEntryBytes) })
 	SetListCacheBytes((held + 50) * ListCacheEntryBytes) // room for 50 more names
-	names := func(prefix string, n int) map[string]*dirEntry {
-		m := map[string]*dirEntry{}
+	names := func(prefix string, n int) map[string]*meta.Entry {
+		m := map[string]*meta.Entry{}
 		for i := range n {
-			m[fmt.Sprintf("%s%03d", prefix, i)] = &dirEntry{kind: kindFile}
+			m[fmt.Sprintf("%s%03d", prefix, i)] = &meta.Entry{Kind: meta.KindFile}
 		}
 		return m
 	}
@@ -284,20 +285,20 @@ func TestPassFromPartialListingShowsHeldNamesOnce(t *testing.T) {
 	if !c.putPartialFetched(entries, &passStart{marker: page.NextMarker, merger: *merger}, fetch) {
 		t.Fatal("partial listing not kept")
 	}
-	c.set("d", "data", dirEntry{kind: kindFile, size: 7}) // committed here since
+	c.set("d", "data", meta.Entry{Kind: meta.KindFile, Size: 7}) // committed here since
 	f, start := c.startPass("d")
 	if f == nil || start == nil {
 		t.Fatal("the pass did not go on from the partial listing")
 	}
 	for _, it := range start.items {
-		if it.name == "data" || it.name == "data.csv" {
-			t.Errorf("start items hold %q, which the merger holds too", it.name)
+		if it.Name == "data" || it.Name == "data.csv" {
+			t.Errorf("start items hold %q, which the merger holds too", it.Name)
 		}
 	}
 	var dataSize int64 = -1
 	for _, h := range start.merger.held {
-		if h.name == "data" {
-			dataSize = h.entry.size
+		if h.Name == "data" {
+			dataSize = h.Entry.Size
 		}
 	}
 	if dataSize != 7 {
@@ -310,7 +311,7 @@ func TestPassFromPartialListingShowsHeldNamesOnce(t *testing.T) {
 // the change: a new directory, a file, a name that changes kind, a removal.
 func TestListCacheSubdirCount(t *testing.T) {
 	c := newListCache(time.Minute, 1000, 0)
-	c.put("d", map[string]*dirEntry{"a": {kind: kindDir}, "b": {kind: kindDir}, "f": {kind: kindFile}})
+	c.put("d", map[string]*meta.Entry{"a": {Kind: meta.KindDir}, "b": {Kind: meta.KindDir}, "f": {Kind: meta.KindFile}})
 	want := func(step string, n int) {
 		t.Helper()
 		got, ok := c.subdirCount("d")
@@ -319,15 +320,15 @@ func TestListCacheSubdirCount(t *testing.T) {
 		}
 	}
 	want("listed", 2)
-	c.set("d", "c", dirEntry{kind: kindDir})
+	c.set("d", "c", meta.Entry{Kind: meta.KindDir})
 	want("a directory made", 3)
-	c.set("d", "g", dirEntry{kind: kindFile})
+	c.set("d", "g", meta.Entry{Kind: meta.KindFile})
 	want("a file made", 3)
-	c.set("d", "c", dirEntry{kind: kindDir, size: 1})
+	c.set("d", "c", meta.Entry{Kind: meta.KindDir, Size: 1})
 	want("a directory's entry replaced", 3)
-	c.set("d", "f", dirEntry{kind: kindDir})
+	c.set("d", "f", meta.Entry{Kind: meta.KindDir})
 	want("a file's name now a directory", 4)
-	c.set("d", "a", dirEntry{kind: kindFile})
+	c.set("d", "a", meta.Entry{Kind: meta.KindFile})
 	want("a directory's name now a file", 3)
 	c.remove("d", "b")
 	want("a directory removed", 2)
@@ -337,8 +338,8 @@ func TestListCacheSubdirCount(t *testing.T) {
 	want("a missing name removed", 2)
 	// The same after changes made before anyone asked (nothing counted
 	// yet), against a count from scratch.
-	c.put("e", map[string]*dirEntry{"x": {kind: kindDir}})
-	c.set("e", "y", dirEntry{kind: kindDir})
+	c.put("e", map[string]*meta.Entry{"x": {Kind: meta.KindDir}})
+	c.set("e", "y", meta.Entry{Kind: meta.KindDir})
 	c.remove("e", "x")
 	if got, ok := c.subdirCount("e"); !ok || got != 1 {
 		t.Fatalf("changes before the first count: subdirCount = %d (ok %v), want 1", got, ok)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/blobfs/blobfs/fusefs/contentsum"
 	"github.com/blobfs/blobfs/fusefs/journal"
+	"github.com/blobfs/blobfs/fusefs/meta"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
@@ -31,31 +32,6 @@ import (
 // -H, find, git's index, log followers) then see the same file, as
 // pjdfstest's rename tests check after a rename away and back.
 
-type nodeKind uint8
-
-const (
-	kindFile nodeKind = iota + 1
-	kindDir
-	kindSymlink
-	// kindSpecial is a FIFO, socket or device node: a zero-length blob
-	// whose type is in its mode (attrs.special).
-	kindSpecial
-)
-
-func (k nodeKind) String() string {
-	switch k {
-	case kindFile:
-		return "file"
-	case kindDir:
-		return "dir"
-	case kindSymlink:
-		return "symlink"
-	case kindSpecial:
-		return "special"
-	}
-	return "unknown"
-}
-
 type node struct {
 	id     uint64
 	parent uint64 // 0 once detached (unlinked, or replaced by another node)
@@ -64,7 +40,7 @@ type node struct {
 	// read the old one (passthrough.go).
 	superseded bool
 	name       string
-	kind       nodeKind
+	kind       meta.Kind
 	lookups    uint64 // kernel references
 	// children counts the names bound under this directory node; a
 	// directory with children stays in the table because their paths go
@@ -83,7 +59,7 @@ type node struct {
 	// attrs are the POSIX attributes (attrs.go); attrsKnown is false
 	// until the store (or this mount) said what they are: a node
 	// restored from the state region has only its name.
-	attrs      posixAttrs
+	attrs      meta.Posix
 	attrsKnown bool
 	// touched is when this mount last made, removed or renamed an entry
 	// of this directory: its mtime and ctime are at least that (kept in
@@ -121,7 +97,7 @@ const rememberedIDs = 1 << 15
 type rememberedID struct {
 	key  bindingKey
 	id   uint64
-	kind nodeKind
+	kind meta.Kind
 }
 
 type nodeTable struct {
@@ -151,7 +127,7 @@ func newNodeTable() *nodeTable {
 		remembered: map[bindingKey]rememberedID{},
 		rootTime:   time.Now(),
 	}
-	t.byID[fuse.FUSE_ROOT_ID] = &node{id: fuse.FUSE_ROOT_ID, kind: kindDir, lookups: 1, mtime: t.rootTime, inStore: true}
+	t.byID[fuse.FUSE_ROOT_ID] = &node{id: fuse.FUSE_ROOT_ID, kind: meta.KindDir, lookups: 1, mtime: t.rootTime, inStore: true}
 	return t
 }
 
@@ -199,7 +175,7 @@ func (t *nodeTable) child(parent uint64, name string) *node {
 
 // bind returns the node for (parent, name), creating it, or replacing an
 // existing node of another kind (the blob changed kind behind our back).
-func (t *nodeTable) bind(parent uint64, name string, kind nodeKind) *node {
+func (t *nodeTable) bind(parent uint64, name string, kind meta.Kind) *node {
 	if n := t.child(parent, name); n != nil {
 		if n.kind == kind {
 			return n
@@ -214,7 +190,7 @@ func (t *nodeTable) bind(parent uint64, name string, kind nodeKind) *node {
 
 // newID returns the id for a new node of name key: the one its last node
 // had, if the table remembers it, otherwise a new one.
-func (t *nodeTable) newID(key bindingKey, kind nodeKind) uint64 {
+func (t *nodeTable) newID(key bindingKey, kind meta.Kind) uint64 {
 	if r, ok := t.remembered[key]; ok {
 		delete(t.remembered, key)
 		if r.kind == kind && t.byID[r.id] == nil {
@@ -372,13 +348,6 @@ func (t *nodeTable) descendants(dirPath string) []*node {
 		}
 	}
 	return out
-}
-
-func joinPath(dir, name string) string {
-	if dir == "" {
-		return name
-	}
-	return dir + "/" + name
 }
 
 // nodeRecord journals n's binding and lookup count.

@@ -16,6 +16,7 @@ import (
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/contentsum"
 	"github.com/blobfs/blobfs/fusefs/journal"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 var folderMeta = map[string]string{blobstore.MetaIsFolder: "true"}
@@ -25,13 +26,13 @@ const renameConcurrency = 16
 
 // newChild binds a freshly made name and hands it to the kernel,
 // completing the request's intent in the same journal write.
-func (fs *FS) newChild(dir *node, dirPath, name string, e dirEntry, out *fuse.EntryOut, intent uint64) {
+func (fs *FS) newChild(dir *node, dirPath, name string, e meta.Entry, out *fuse.EntryOut, intent uint64) {
 	fs.lists.set(dirPath, name, e)
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	touchDirLocked(dir, time.Now())
 	fs.batchLocked(func() {
-		n := fs.nodes.bind(dir.id, name, e.kind)
+		n := fs.nodes.bind(dir.id, name, e.Kind)
 		fs.applyEntryLocked(n, e)
 		fs.nodes.ref(n)
 		fs.completeIntentLocked(intent, n.id, 0)
@@ -43,7 +44,7 @@ func (fs *FS) newChild(dir *node, dirPath, name string, e dirEntry, out *fuse.En
 // if it exists as the kind the request makes, the first run made it, and
 // the answer is the entry the first reply carried. ok is false when the
 // request must fail with EEXIST after all.
-func (fs *FS) resentMade(ctx context.Context, it journal.Intent, dir *node, dirPath, name string, kind nodeKind, out *fuse.EntryOut) (ok bool) {
+func (fs *FS) resentMade(ctx context.Context, it journal.Intent, dir *node, dirPath, name string, kind meta.Kind, out *fuse.EntryOut) (ok bool) {
 	n, err := fs.resolve(ctx, dir, dirPath, name)
 	if err != nil || n.kind != kind {
 		return false
@@ -82,9 +83,9 @@ func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.
 	defer cf()
 	fs.crashPoint("mkdir", "begin", name)
 	resent, isResent := fs.resentIntent(&in.InHeader, dir.id, 0, name, "")
-	path := joinPath(dirPath, name)
+	path := meta.JoinPath(dirPath, name)
 	if _, err := fs.resolve(ctx, dir, dirPath, name); err == nil {
-		if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, kindDir, out) {
+		if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, meta.KindDir, out) {
 			return fuse.OK
 		}
 		return fuse.Status(syscall.EEXIST)
@@ -93,16 +94,16 @@ func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.
 	}
 	intent := fs.beginIntent(&in.InHeader, dir.id, 0, name, "")
 	fs.mu.Lock()
-	attrs := fs.newAttrsLocked(dir, in.Caller.Uid, in.Caller.Gid, in.Mode, kindDir, time.Now())
+	attrs := fs.newAttrsLocked(dir, in.Caller.Uid, in.Caller.Gid, in.Mode, meta.KindDir, time.Now())
 	fs.mu.Unlock()
-	md := fs.newMeta(folderMeta, kindDir, attrs)
+	md := fs.newMeta(folderMeta, meta.KindDir, attrs)
 	a, err := fs.putNew(ctx, path, nil, md)
 	if err != nil {
 		// The first run's Put may reach the store after its process
 		// died, while this one looked: the marker is then ours.
 		if errors.Is(err, blobstore.ErrAlreadyExists) {
 			fs.foundInStore(dirPath, name)
-			if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, kindDir, out) {
+			if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, meta.KindDir, out) {
 				return fuse.OK
 			}
 		}
@@ -110,10 +111,10 @@ func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.
 		return toStatus(err)
 	}
 	fs.crashPoint("mkdir", "store", name)
-	e := dirEntry{kind: kindDir, mtime: a.ModTime, attrs: attrs}
+	e := meta.Entry{Kind: meta.KindDir, Mtime: a.ModTime, Attrs: attrs}
 	fs.newChild(dir, dirPath, name, e, out, intent)
 	// The new directory is known to be empty: lookups in it need no request.
-	fs.lists.put(path, map[string]*dirEntry{})
+	fs.lists.put(path, map[string]*meta.Entry{})
 	fs.crashPoint("mkdir", "reply", name)
 	return fuse.OK
 }
@@ -142,14 +143,14 @@ func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.
 	if fs.opts.ReadOnly {
 		return fuse.EROFS
 	}
-	kind := kindFile
+	kind := meta.KindFile
 	switch in.Mode & syscall.S_IFMT {
 	case 0, syscall.S_IFREG:
 	case syscall.S_IFIFO, syscall.S_IFSOCK, syscall.S_IFCHR, syscall.S_IFBLK:
 		if fs.opts.NoAttrWrites {
 			return fuse.EPERM // its type could not be stored
 		}
-		kind = kindSpecial
+		kind = meta.KindSpecial
 	default:
 		return fuse.EINVAL
 	}
@@ -164,9 +165,9 @@ func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.
 	fs.mu.Lock()
 	attrs := fs.newAttrsLocked(dir, in.Caller.Uid, in.Caller.Gid, in.Mode, kind, time.Now())
 	fs.mu.Unlock()
-	attrs.rdev = in.Rdev
+	attrs.Rdev = in.Rdev
 	md := fs.newMeta(nil, kind, attrs)
-	a, err := fs.putNew(ctx, joinPath(dirPath, name), nil, md)
+	a, err := fs.putNew(ctx, meta.JoinPath(dirPath, name), nil, md)
 	if err != nil {
 		if errors.Is(err, blobstore.ErrAlreadyExists) {
 			fs.foundInStore(dirPath, name)
@@ -178,7 +179,7 @@ func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.
 		return toStatus(err)
 	}
 	fs.crashPoint("mknod", "store", name)
-	fs.newChild(dir, dirPath, name, madeEntry(a, md), out, intent)
+	fs.newChild(dir, dirPath, name, meta.MadeEntry(a, md), out, intent)
 	fs.crashPoint("mknod", "reply", name)
 	return fuse.OK
 }
@@ -200,14 +201,14 @@ func (fs *FS) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name string, 
 	resent, isResent := fs.resentIntent(h, dir.id, 0, name, "")
 	intent := fs.beginIntent(h, dir.id, 0, name, "")
 	fs.mu.Lock()
-	attrs := fs.newAttrsLocked(dir, h.Caller.Uid, h.Caller.Gid, 0o777, kindSymlink, time.Now())
+	attrs := fs.newAttrsLocked(dir, h.Caller.Uid, h.Caller.Gid, 0o777, meta.KindSymlink, time.Now())
 	fs.mu.Unlock()
-	md := fs.newMeta(map[string]string{blobstore.MetaIsSymlink: "true"}, kindSymlink, attrs)
-	a, err := fs.putNew(ctx, joinPath(dirPath, name), []byte(target), md)
+	md := fs.newMeta(map[string]string{blobstore.MetaIsSymlink: "true"}, meta.KindSymlink, attrs)
+	a, err := fs.putNew(ctx, meta.JoinPath(dirPath, name), []byte(target), md)
 	if err != nil {
 		if errors.Is(err, blobstore.ErrAlreadyExists) {
 			fs.foundInStore(dirPath, name)
-			if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, kindSymlink, out) {
+			if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, meta.KindSymlink, out) {
 				return fuse.OK
 			}
 		}
@@ -215,8 +216,8 @@ func (fs *FS) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name string, 
 		return toStatus(err)
 	}
 	fs.crashPoint("symlink", "store", name)
-	e := madeEntry(a, md)
-	e.target = target
+	e := meta.MadeEntry(a, md)
+	e.Target = target
 	fs.newChild(dir, dirPath, name, e, out, intent)
 	fs.crashPoint("symlink", "reply", name)
 	return fuse.OK
@@ -227,7 +228,7 @@ func (fs *FS) Readlink(_ <-chan struct{}, h *fuse.InHeader) ([]byte, fuse.Status
 	if !st.Ok() {
 		return nil, st
 	}
-	if n.kind != kindSymlink {
+	if n.kind != meta.KindSymlink {
 		return nil, fuse.EINVAL
 	}
 	fs.mu.Lock()
@@ -271,7 +272,7 @@ func (fs *FS) Unlink(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Stat
 		}
 		return toStatus(err)
 	}
-	if n.kind == kindDir {
+	if n.kind == meta.KindDir {
 		return fuse.Status(syscall.EISDIR)
 	}
 	fs.mu.Lock()
@@ -286,7 +287,7 @@ func (fs *FS) Unlink(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Stat
 		}
 	}
 	intent := fs.beginIntent(h, dir.id, 0, name, "")
-	path := joinPath(dirPath, name)
+	path := meta.JoinPath(dirPath, name)
 	if of != nil {
 		// Open handles keep reading the local copy; nothing is uploaded.
 		of.mu.Lock()
@@ -305,7 +306,7 @@ func (fs *FS) Unlink(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Stat
 	fs.mu.Lock()
 	now := time.Now()
 	touchDirLocked(dir, now)
-	n.attrs.ctime = now // an open file's link count changed
+	n.attrs.Ctime = now // an open file's link count changed
 	fs.batchLocked(func() {
 		fs.nodes.detach(n)
 		fs.completeIntentLocked(intent, 0, 0)
@@ -367,7 +368,7 @@ func (fs *FS) Rmdir(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Statu
 	defer cf()
 	fs.crashPoint("rmdir", "begin", name)
 	resent, isResent := fs.resentIntent(h, dir.id, 0, name, "")
-	path := joinPath(dirPath, name)
+	path := meta.JoinPath(dirPath, name)
 	n, err := fs.resolve(ctx, dir, dirPath, name)
 	if err != nil {
 		if isResent && errors.Is(err, blobstore.ErrNotFound) {
@@ -379,7 +380,7 @@ func (fs *FS) Rmdir(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Statu
 		}
 		return toStatus(err)
 	}
-	if n.kind != kindDir {
+	if n.kind != meta.KindDir {
 		return fuse.ENOTDIR
 	}
 	empty, err := fs.dirEmpty(ctx, n, path)
@@ -443,11 +444,11 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 		}
 		return toStatus(err)
 	}
-	srcPath, dstPath := joinPath(srcDirPath, oldName), joinPath(dstDirPath, newName)
+	srcPath, dstPath := meta.JoinPath(srcDirPath, oldName), meta.JoinPath(dstDirPath, newName)
 	if srcPath == dstPath {
 		return fuse.OK
 	}
-	if src.kind == kindDir && strings.HasPrefix(dstPath+"/", srcPath+"/") {
+	if src.kind == meta.KindDir && strings.HasPrefix(dstPath+"/", srcPath+"/") {
 		return fuse.EINVAL // into itself
 	}
 	// A resent rename whose first run began copying finds the target
@@ -462,11 +463,11 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 	case isResent && dst.kind == src.kind:
 	case in.Flags&renameNoReplace != 0:
 		return fuse.Status(syscall.EEXIST)
-	case src.kind == kindDir && dst.kind != kindDir:
+	case src.kind == meta.KindDir && dst.kind != meta.KindDir:
 		return fuse.ENOTDIR
-	case src.kind != kindDir && dst.kind == kindDir:
+	case src.kind != meta.KindDir && dst.kind == meta.KindDir:
 		return fuse.Status(syscall.EISDIR)
-	case dst.kind == kindDir:
+	case dst.kind == meta.KindDir:
 		empty, err := fs.dirEmpty(ctx, dst, dstPath)
 		if err != nil {
 			return toStatus(err)
@@ -476,7 +477,7 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 		}
 	}
 
-	if dst != nil && dst != src && dst.kind != kindDir && !isResent {
+	if dst != nil && dst != src && dst.kind != meta.KindDir && !isResent {
 		// A file the rename replaces lives on for its open handles:
 		// its writers must still reach its content once the copy has
 		// replaced the blob (as for unlink).
@@ -491,7 +492,7 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 	}
 	intent := fs.beginIntent(&in.InHeader, srcDir.id, dstDir.id, oldName, newName)
 	record := "" // a file rename's record, kept until the old name's directory is
-	if src.kind == kindDir {
+	if src.kind == meta.KindDir {
 		err = fs.renameDir(ctx, src, srcPath, dstPath, dst != nil, isResent)
 	} else {
 		record, err = fs.renameBlob(ctx, src, srcPath, dstPath, isResent)
@@ -521,8 +522,8 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 	now := time.Now()
 	touchDirLocked(srcDir, now)
 	touchDirLocked(dstDir, now)
-	src.attrs.ctime = now // in memory, as a directory's times: a rename is a status change
-	e := dirEntry{kind: src.kind, size: src.size, mtime: src.mtime, etag: src.etag, sum: src.sum, pending: !src.inStore, attrs: src.attrs}
+	src.attrs.Ctime = now // in memory, as a directory's times: a rename is a status change
+	e := meta.Entry{Kind: src.kind, Size: src.size, Mtime: src.mtime, ETag: src.etag, Sum: src.sum, Pending: !src.inStore, Attrs: src.attrs}
 	fs.batchLocked(func() {
 		fs.nodes.move(src, dstDir.id, newName)
 		fs.completeIntentLocked(intent, 0, 0)
@@ -549,7 +550,7 @@ func (fs *FS) finishResentRename(ctx context.Context, it journal.Intent, srcDir 
 	fs.mu.Unlock()
 	fs.lists.remove(srcDirPath, oldName)
 	fs.lists.invalidate(dstDirPath)
-	fs.lists.invalidateTree(joinPath(srcDirPath, oldName))
+	fs.lists.invalidateTree(meta.JoinPath(srcDirPath, oldName))
 	fs.keepDir(ctx, srcDirPath)
 }
 
@@ -668,7 +669,7 @@ func (fs *FS) deleteDirMarker(ctx context.Context, path string) error {
 		if err != nil {
 			return err
 		}
-		if !metaTrue(a.Metadata, blobstore.MetaIsFolder) {
+		if !meta.True(a.Metadata, blobstore.MetaIsFolder) {
 			// Replaced by a file since the checks: not ours to delete.
 			return fmt.Errorf("replace %q: no longer a directory: %w", path, syscall.ENOTDIR)
 		}
@@ -767,7 +768,7 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 		})
 	case len(names) == 0:
 		fs.mu.Lock()
-		md := fs.newMeta(folderMeta, kindDir, n.attrs)
+		md := fs.newMeta(folderMeta, meta.KindDir, n.attrs)
 		fs.mu.Unlock()
 		g.Go(func() error {
 			_, err := fs.store.Put(gctx, dstPath, nil, blobstore.PutOptions{Metadata: md})

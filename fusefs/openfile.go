@@ -15,6 +15,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/contentsum"
+	"github.com/blobfs/blobfs/fusefs/meta"
 	"github.com/blobfs/blobfs/fusefs/upload"
 )
 
@@ -431,7 +432,7 @@ func (of *openFile) setAttrs(ctx context.Context, path string, mtime *time.Time)
 			of.openETag = a.ETag
 		}
 		of.fs.mu.Lock()
-		of.fs.applyEntryLocked(of.n, entryFromAttrs(a))
+		of.fs.applyEntryLocked(of.n, meta.EntryOf(a))
 		of.fs.mu.Unlock()
 		return true, nil
 	}
@@ -539,16 +540,16 @@ type commitPlan struct {
 // it) and the block stream it uses up. The caller holds of.mu.
 func (of *openFile) planCommitLocked() commitPlan {
 	c := commitPlan{gen: of.gen, size: of.size, f: of.spill}
-	c.opts = blobstore.PutOptions{Metadata: copyMeta(of.baseMeta)}
+	c.opts = blobstore.PutOptions{Metadata: meta.Copy(of.baseMeta)}
 	// The node's attributes as they are now (a chmod while writing
 	// waits for this commit); the content changes, so the blob's
 	// Last-Modified is its mtime and ctime unless utimensat set one.
 	of.fs.mu.Lock()
 	of.fs.attrsMetaLocked(of.n, c.opts.Metadata)
 	of.fs.mu.Unlock()
-	deleteMetaKey(c.opts.Metadata, blobstore.MetaMtime)
-	deleteMetaKey(c.opts.Metadata, blobstore.MetaRcloneMtime)
-	deleteMetaKey(c.opts.Metadata, blobstore.MetaCtime)
+	meta.Delete(c.opts.Metadata, blobstore.MetaMtime)
+	meta.Delete(c.opts.Metadata, blobstore.MetaRcloneMtime)
+	meta.Delete(c.opts.Metadata, blobstore.MetaCtime)
 	if of.mtime != nil {
 		c.opts.Metadata[blobstore.MetaMtime] = strconv.FormatInt(of.mtime.UnixNano(), 10)
 	}
@@ -669,7 +670,7 @@ func (of *openFile) uploadCommit(ctx context.Context, path string, c *commitPlan
 			onOwnEarlierCommit()
 			if err == nil && !c.attrsChanged {
 				of.fs.mu.Lock()
-				of.n.attrs = parsePOSIX(c.opts.Metadata)
+				of.n.attrs = meta.ParsePosix(c.opts.Metadata)
 				of.fs.mu.Unlock()
 			}
 		}
@@ -755,15 +756,15 @@ func (fs *FS) sameContent(ctx context.Context, path string, seen seenContent) (b
 // other keys) of the blob's current metadata, keeping the commit's own
 // keys (its nonce).
 func theirAttrs(current, ours map[string]string) map[string]string {
-	md := copyMeta(current)
-	deleteMetaKey(md, blobstore.MetaMtime) // the content is new: its time is now
-	deleteMetaKey(md, blobstore.MetaRcloneMtime)
-	deleteMetaKey(md, blobstore.MetaCtime)
-	if v, ok := metaValue(ours, blobstore.MetaCommit); ok {
-		setMetaKey(md, blobstore.MetaCommit, v)
+	md := meta.Copy(current)
+	meta.Delete(md, blobstore.MetaMtime) // the content is new: its time is now
+	meta.Delete(md, blobstore.MetaRcloneMtime)
+	meta.Delete(md, blobstore.MetaCtime)
+	if v, ok := meta.Value(ours, blobstore.MetaCommit); ok {
+		meta.Set(md, blobstore.MetaCommit, v)
 	}
-	if v, ok := metaValue(ours, blobstore.MetaMtime); ok {
-		setMetaKey(md, blobstore.MetaMtime, v)
+	if v, ok := meta.Value(ours, blobstore.MetaMtime); ok {
+		meta.Set(md, blobstore.MetaMtime, v)
 	}
 	return md
 }

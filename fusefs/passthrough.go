@@ -7,6 +7,7 @@ import (
 
 	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/journal"
+	"github.com/blobfs/blobfs/fusefs/meta"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
@@ -61,9 +62,9 @@ type ioOpens struct {
 // pinnedToOtherVersion tells whether the node's passthrough handles read
 // a version of the blob other than e's. A node restored from a previous
 // process does not know its backing file's version: it is not split.
-func (io *ioOpens) pinnedToOtherVersion(e dirEntry) bool {
-	return io.passthrough > 0 && io.backingETag != "" && e.kind == kindFile &&
-		!e.pending && e.etag != "" && e.etag != io.backingETag
+func (io *ioOpens) pinnedToOtherVersion(e meta.Entry) bool {
+	return io.passthrough > 0 && io.backingETag != "" && e.Kind == meta.KindFile &&
+		!e.Pending && e.ETag != "" && e.ETag != io.backingETag
 }
 
 // supersedeLocked detaches n, whose passthrough handles read a version of

@@ -17,6 +17,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // posixCheck is one POSIX behaviour, checked on a fresh mount; s is the
@@ -322,7 +323,7 @@ func checkMkdirRmdir(t *testing.T, mnt string, s blobstore.Store) {
 	}
 	wantErrno(t, os.Mkdir(d, 0o755), syscall.EEXIST)
 	a, err := s.Stat(context.Background(), "dir")
-	if err != nil || !metaTrue(a.Metadata, blobstore.MetaIsFolder) {
+	if err != nil || !meta.True(a.Metadata, blobstore.MetaIsFolder) {
 		t.Fatalf("marker blob: %+v %v", a, err)
 	}
 	mustWrite(t, join(d, "f"), []byte("f"))
@@ -474,7 +475,7 @@ func checkSymlink(t *testing.T, mnt string, s blobstore.Store) {
 		t.Fatalf("through link: %q", got)
 	}
 	a, err := s.Stat(context.Background(), "link")
-	if err != nil || !metaTrue(a.Metadata, blobstore.MetaIsSymlink) {
+	if err != nil || !meta.True(a.Metadata, blobstore.MetaIsSymlink) {
 		t.Fatalf("symlink blob: %+v %v", a, err)
 	}
 	wantBlob(t, s, "link", []byte("target"))
@@ -536,7 +537,7 @@ func checkStatSizesMtimes(t *testing.T, mnt string, s blobstore.Store) {
 		t.Fatalf("mtime after chtimes: %v %v", st.ModTime(), err)
 	}
 	a, err := s.Stat(context.Background(), "f")
-	if err != nil || !entryFromAttrs(a).mtime.Equal(when) {
+	if err != nil || !meta.EntryOf(a).Mtime.Equal(when) {
 		t.Fatalf("mtime in store: %+v %v", a, err)
 	}
 	if st, err := os.Stat(mnt); err != nil || !st.IsDir() {
@@ -608,7 +609,7 @@ func checkLastChildKeepsDir(t *testing.T, mnt string, s blobstore.Store) {
 		t.Fatalf("directory vanished with its last child: %v %v", st, err)
 	}
 	a, err := s.Stat(context.Background(), "p")
-	if err != nil || !metaTrue(a.Metadata, blobstore.MetaIsFolder) {
+	if err != nil || !meta.True(a.Metadata, blobstore.MetaIsFolder) {
 		t.Fatalf("marker: %+v %v", a, err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // pagedStore lists in pages of at most page names (0: as the store does),
@@ -674,11 +675,11 @@ func TestPageMerger(t *testing.T) {
 		{name: "d/f"},
 	}
 	want := []string{"a b", "a-1", "a-1-2", "a", "b", "c.d", "c", "e", "f"}
-	kinds := map[string]nodeKind{"a": kindDir, "c": kindDir, "e": kindDir}
+	kinds := map[string]meta.Kind{"a": meta.KindDir, "c": meta.KindDir, "e": meta.KindDir}
 	for size := 1; size <= len(keys); size++ {
-		var got []dirItem
+		var got []meta.Item
 		m := pageMerger{prefix: "d/"}
-		emit := func(it dirItem) { got = append(got, it) }
+		emit := func(it meta.Item) { got = append(got, it) }
 		for i := 0; i < len(keys); i += size {
 			var page blobstore.ListPage
 			for _, k := range keys[i:min(i+size, len(keys))] {
@@ -693,16 +694,16 @@ func TestPageMerger(t *testing.T) {
 		m.flush(emit)
 		var gotNames []string
 		for _, it := range got {
-			gotNames = append(gotNames, it.name)
-			wantKind := kinds[it.name]
+			gotNames = append(gotNames, it.Name)
+			wantKind := kinds[it.Name]
 			if wantKind == 0 {
-				wantKind = kindFile
+				wantKind = meta.KindFile
 			}
-			if it.entry.kind != wantKind {
-				t.Errorf("pages of %d: %q is a %v, want a %v", size, it.name, it.entry.kind, wantKind)
+			if it.Entry.Kind != wantKind {
+				t.Errorf("pages of %d: %q is a %v, want a %v", size, it.Name, it.Entry.Kind, wantKind)
 			}
-			if it.name == "a" && (!it.entry.attrs.hasPerm || it.entry.attrs.perm != 0o750) {
-				t.Errorf("pages of %d: directory a lost its marker's mode: %+v", size, it.entry.attrs)
+			if it.Name == "a" && (!it.Entry.Attrs.HasPerm || it.Entry.Attrs.Perm != 0o750) {
+				t.Errorf("pages of %d: directory a lost its marker's mode: %+v", size, it.Entry.Attrs)
 			}
 		}
 		// "a." is not a valid name (Azure drops trailing dots): skipped.

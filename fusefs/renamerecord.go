@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // Renames of a lost session.
@@ -119,7 +120,7 @@ func (fs *FS) finishRename(ctx context.Context, path string) error {
 	if retry(derr) {
 		return derr
 	}
-	fromDir, _ := splitPath(rec.From) // kept, as the rename would have
+	fromDir, _ := meta.SplitPath(rec.From) // kept, as the rename would have
 	switch {
 	case serr != nil:
 		fs.log.Debug("a rename of a lost session had finished", "path", rec.From, "to", rec.To)
@@ -151,8 +152,8 @@ func sameContent(src, dst blobstore.Attrs) bool {
 	if src.Size != dst.Size {
 		return false
 	}
-	if a, ok := metaValue(src.Metadata, blobstore.MetaCommit); ok {
-		b, ok := metaValue(dst.Metadata, blobstore.MetaCommit)
+	if a, ok := meta.Value(src.Metadata, blobstore.MetaCommit); ok {
+		b, ok := meta.Value(dst.Metadata, blobstore.MetaCommit)
 		return ok && a == b
 	}
 	return len(src.ContentMD5) > 0 && string(src.ContentMD5) == string(dst.ContentMD5)

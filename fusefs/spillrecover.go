@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // Spill files of a lost session.
@@ -385,7 +386,7 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) (orphanOutcome, er
 			return orphanLeftInPlace, err
 		}
 		if err == nil && a.ETag == rec.IfMatch {
-			opts.Metadata = copyMeta(a.Metadata)
+			opts.Metadata = meta.Copy(a.Metadata)
 		}
 	}
 	if opts.Metadata == nil {
@@ -393,11 +394,11 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) (orphanOutcome, er
 	}
 	// The content is new: its times are now's, unless the session set
 	// the modification time after its last change (in its record).
-	deleteMetaKey(opts.Metadata, blobstore.MetaCtime)
-	deleteMetaKey(opts.Metadata, blobstore.MetaMtime)
-	deleteMetaKey(opts.Metadata, blobstore.MetaRcloneMtime)
+	meta.Delete(opts.Metadata, blobstore.MetaCtime)
+	meta.Delete(opts.Metadata, blobstore.MetaMtime)
+	meta.Delete(opts.Metadata, blobstore.MetaRcloneMtime)
 	for k, v := range rec.Attrs {
-		setMetaKey(opts.Metadata, k, v) // the attributes the session gave the file
+		meta.Set(opts.Metadata, k, v) // the attributes the session gave the file
 	}
 	delete(opts.Metadata, blobstore.MetaCommit)
 	up := func() (blobstore.Attrs, error) {
@@ -417,7 +418,7 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) (orphanOutcome, er
 			return orphanLeftInPlace, serr
 		}
 		if serr == nil {
-			if v, ok := metaValue(a.Metadata, blobstore.MetaCommit); ok && v == rec.Nonce {
+			if v, ok := meta.Value(a.Metadata, blobstore.MetaCommit); ok && v == rec.Nonce {
 				opts.Conditions = blobstore.Conditions{IfMatch: a.ETag}
 				_, err = up()
 			}

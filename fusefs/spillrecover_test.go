@@ -19,6 +19,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/kernel"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // loneServeEnv makes the test binary mount and serve by itself, with no
@@ -648,7 +649,7 @@ func TestPendingMtimeAcrossRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, ok := metaMtime(a.Metadata); !ok || !got.Equal(when) {
+	if got, ok := meta.Mtime(a.Metadata); !ok || !got.Equal(when) {
 		t.Errorf("stored mtime after the successor's commit: %v (%v), want %v", got.UTC(), ok, when)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
 // A treeWalk answers a directory walk (find, du, ls -R, os.walk, a data
@@ -118,7 +119,7 @@ func (w *treeWalk) skipped(name string) bool {
 // walkDir is a directory the walk is building.
 type walkDir struct {
 	path    string
-	entries map[string]*dirEntry
+	entries map[string]*meta.Entry
 	// entered: a name below it was listed, so it is complete once the
 	// listing leaves its prefix. A directory known only from its marker
 	// blob is complete once the listing has gone past where its names
@@ -178,7 +179,7 @@ func (fs *FS) maybeStartWalk(dir string) {
 	if fs.opts.WalkAhead <= 0 || dir == "" {
 		return
 	}
-	parent, _ := splitPath(dir)
+	parent, _ := meta.SplitPath(dir)
 	c := fs.lists
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -194,10 +195,10 @@ func (fs *FS) maybeStartWalk(dir string) {
 	}
 	subdirs := 0
 	for _, name := range l.sortedLocked() {
-		if l.entries[name].kind != kindDir {
+		if l.entries[name].Kind != meta.KindDir {
 			continue
 		}
-		if joinPath(parent, name) == dir {
+		if meta.JoinPath(parent, name) == dir {
 			break
 		}
 		if subdirs++; subdirs == 2 {
@@ -210,7 +211,7 @@ func (fs *FS) maybeStartWalk(dir string) {
 		w.prefix = parent + "/"
 	}
 	w.ctx, w.cancel = context.WithCancel(fs.ctx)
-	w.dirs[parent] = &walkDir{path: parent, entries: map[string]*dirEntry{}, entered: true}
+	w.dirs[parent] = &walkDir{path: parent, entries: map[string]*meta.Entry{}, entered: true}
 	l.walk = w // the parent's listing stays fresh while the walk is in use
 	c.walks = append(c.walks, w)
 	fs.bg.Add(1)
@@ -378,7 +379,7 @@ func (w *treeWalk) addBlobLocked(b blobstore.Attrs, done []*walkDir) []*walkDir 
 	rel := strings.TrimPrefix(name, w.prefix)
 	parts := strings.Split(rel, "/")
 	for _, p := range parts {
-		if checkName(p) != fuse.OK {
+		if meta.CheckName(p) != fuse.OK {
 			return done // a name blobfs does not show (as pageMerger)
 		}
 	}
@@ -389,30 +390,30 @@ func (w *treeWalk) addBlobLocked(b blobstore.Attrs, done []*walkDir) []*walkDir 
 		if !had {
 			w.building++
 		}
-		child := joinPath(dir, p)
+		child := meta.JoinPath(dir, p)
 		if i < len(parts)-1 {
 			// A directory on the name's path; a blob of the same
 			// name listed before is that directory (its marker,
 			// or a file that is both, shown as a directory).
-			if !had || old.kind != kindDir {
-				d.entries[p] = &dirEntry{kind: kindDir}
+			if !had || old.Kind != meta.KindDir {
+				d.entries[p] = &meta.Entry{Kind: meta.KindDir}
 			}
 			cd := w.dirs[child]
 			if cd == nil {
-				cd = &walkDir{path: child, entries: map[string]*dirEntry{}}
+				cd = &walkDir{path: child, entries: map[string]*meta.Entry{}}
 				w.dirs[child] = cd
 			}
 			cd.entered = true
 			dir = child
 			continue
 		}
-		e := entryFromAttrs(b)
-		if had && old.kind == kindDir {
+		e := meta.EntryOf(b)
+		if had && old.Kind == meta.KindDir {
 			continue // its names were listed already
 		}
 		d.entries[p] = &e
-		if e.kind == kindDir && w.dirs[child] == nil {
-			w.dirs[child] = &walkDir{path: child, entries: map[string]*dirEntry{}}
+		if e.Kind == meta.KindDir && w.dirs[child] == nil {
+			w.dirs[child] = &walkDir{path: child, entries: map[string]*meta.Entry{}}
 		}
 	}
 	return done
