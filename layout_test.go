@@ -36,6 +36,8 @@ var allowedImports = map[string][]string{
 	// Blobs as entries: names checked, metadata read as kinds and POSIX
 	// attributes.
 	"fusefs/meta": {"blobstore", "fusefs/contentsum"},
+	// Directory listings, page merges, tree walks.
+	"fusefs/listing": {"blobstore", "fusefs/meta"},
 	// The write side: block streams, their MD5, upload progress.
 	"fusefs/upload": {"blobstore", "fusefs/internal/md5pair", "fusefs/memory"},
 	// The state region's format: what a server journals for its successor.
@@ -45,17 +47,17 @@ var allowedImports = map[string][]string{
 	// The read side: block, chunk and disk caches over the store.
 	"fusefs/cache": {"blobstore", "fusefs/contentsum", "fusefs/memory"},
 	// The filesystem, its caches, uploads and the restart mechanism.
-	"fusefs": {"blobstore", "fusefs/cache", "fusefs/contentsum", "fusefs/journal", "fusefs/kernel", "fusefs/memory", "fusefs/meta", "fusefs/upload"},
+	"fusefs": {"blobstore", "fusefs/cache", "fusefs/contentsum", "fusefs/journal", "fusefs/kernel", "fusefs/listing", "fusefs/memory", "fusefs/meta", "fusefs/upload"},
 	// Prometheus metrics of a mounted filesystem.
 	"fusefs/fsmetrics": {"blobstore", "fusefs"},
 	// The mount options, each defined once (name, kind, bounds, default,
 	// help, what it sets in fusefs's options): blobfs mount's flags and
 	// CSI volumes' mountOptions.
-	"mountopt": {"blobstore", "fusefs", "fusefs/kernel"},
+	"mountopt": {"blobstore", "fusefs", "fusefs/kernel", "fusefs/listing"},
 	// The CSI driver: it mounts through fusefs, in-process.
 	"csi": {"blobstore", "fusefs", "fusefs/cache", "fusefs/fsmetrics", "fusefs/handoff", "fusefs/kernel", "mountopt"},
 	// The one binary: mount, supervisor, keeper, CSI driver, registrar.
-	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/cache", "fusefs/fsmetrics", "fusefs/handoff", "fusefs/kernel", "fusefs/memory", "mountopt"},
+	"cmd/blobfs": {"blobstore", "csi", "fusefs", "fusefs/cache", "fusefs/fsmetrics", "fusefs/handoff", "fusefs/kernel", "fusefs/listing", "fusefs/memory", "mountopt"},
 	// Builds the driver's image without Docker.
 	"cmd/blobfs-image": nil,
 	// Throughput benchmarks and their commands.

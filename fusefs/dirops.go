@@ -11,24 +11,9 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/journal"
+	"github.com/blobfs/blobfs/fusefs/listing"
 	"github.com/blobfs/blobfs/fusefs/meta"
 )
-
-// pageEntries merges one listing page into a map of entries. With more
-// pages to come it also returns the merger, which says where the listing
-// stands (last) and holds the blobs whose prefix may still come: they are
-// left out, so that a name is never shown with the wrong kind.
-func pageEntries(prefix string, page blobstore.ListPage) (map[string]*meta.Entry, *pageMerger) {
-	entries := map[string]*meta.Entry{}
-	emit := func(it meta.Item) { entries[it.Name] = it.Entry }
-	m := &pageMerger{prefix: prefix}
-	m.add(page, emit)
-	if page.NextMarker != "" {
-		return entries, m
-	}
-	m.flush(emit)
-	return entries, nil
-}
 
 // smallDirPage is the listing page size that a lookup spends to learn a
 // whole directory at once.
@@ -41,17 +26,17 @@ const smallDirPage = 5000
 // listing is now cached; a directory found larger is remembered and probed
 // name by name instead.
 func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
-	if !fs.lists.worthListing(dirPath) {
+	if !fs.lists.WorthListing(dirPath) {
 		return false
 	}
 	prefix := ""
 	if dirPath != "" {
 		prefix = dirPath + "/"
 	}
-	fetch := fs.lists.beginFetch(dirPath)
+	fetch := fs.lists.BeginFetch(dirPath)
 	page, err := fs.store.List(ctx, blobstore.ListOptions{Prefix: prefix, Delimiter: "/", MaxResults: smallDirPage})
 	if err != nil {
-		fs.lists.endFetch(fetch)
+		fs.lists.EndFetch(fetch)
 		return false
 	}
 	// A listing that lacks a change this mount made meanwhile, which
@@ -69,15 +54,15 @@ func (fs *FS) warmListing(ctx context.Context, dirPath string) bool {
 // instead of four), and a readdir pass that starts while it is fresh goes
 // on from it (`ls` of a large directory: the lookup's page is the pass's
 // first).
-func (fs *FS) keepListing(dirPath, prefix string, page blobstore.ListPage, fetch *listFetch) bool {
-	entries, more := pageEntries(prefix, page)
+func (fs *FS) keepListing(dirPath, prefix string, page blobstore.ListPage, fetch *listing.Fetch) bool {
+	entries, more := listing.PageEntries(prefix, page)
 	fs.mergeLocal(dirPath, entries)
 	if more != nil {
-		fs.lists.markLarge(dirPath)
-		fs.lists.putPartialFetched(entries, &passStart{marker: page.NextMarker, merger: *more}, fetch)
+		fs.lists.MarkLarge(dirPath)
+		fs.lists.PutPartialFetched(entries, &listing.PassStart{Marker: page.NextMarker, Merger: *more}, fetch)
 		return false
 	}
-	return fs.lists.putFetched(entries, fetch)
+	return fs.lists.PutFetched(entries, fetch)
 }
 
 // listSweepInterval is how often expired listings are dropped.
@@ -94,7 +79,7 @@ func (fs *FS) sweepListings() {
 		case <-fs.ctx.Done():
 			return
 		case <-t.C:
-			fs.lists.sweep()
+			fs.lists.Sweep()
 		}
 	}
 }
@@ -138,14 +123,6 @@ func (fs *FS) mergeLocal(dirPath string, entries map[string]*meta.Entry) {
 			entries[k.name] = &meta.Entry{Kind: n.kind, Size: n.size, Mtime: n.mtime, Pending: true, Attrs: n.attrs}
 		}
 	}
-}
-
-func copyEntries(m map[string]*meta.Entry) map[string]*meta.Entry {
-	out := make(map[string]*meta.Entry, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 func (fs *FS) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {

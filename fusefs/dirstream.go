@@ -2,12 +2,10 @@ package fusefs
 
 import (
 	"context"
-	"strings"
 	"sync"
 
-	"github.com/hanwen/go-fuse/v2/fuse"
-
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/fusefs/listing"
 	"github.com/blobfs/blobfs/fusefs/meta"
 )
 
@@ -65,7 +63,7 @@ type dirStream struct {
 	fs     *FS
 	dir    string // the directory's path, "" for the root
 	prefix string // dir + "/", "" for the root
-	fetch  *listFetch
+	fetch  *listing.Fetch
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -74,7 +72,7 @@ type dirStream struct {
 	// items are the pass's entries in order, only ever appended: a reader
 	// may keep a slice of them without mu.
 	items  []meta.Item
-	merger pageMerger
+	merger listing.PageMerger
 	marker string // where the next page starts
 	pages  int    // pages fetched
 	// pageLen is the most names a page has brought: the fetcher stays
@@ -95,15 +93,6 @@ type dirStream struct {
 // dotEntry is the entry of "." and "..".
 var dotEntry = &meta.Entry{Kind: meta.KindDir}
 
-const (
-	// firstListPage is the size of a pass's first page: on Azurite a
-	// page costs about 150 ms plus 0.1 ms a name, so 500 names come in
-	// 0.25 s against 0.75 s for a full page; one page more in all.
-	firstListPage = 500
-	// listPage is the size of the pages after it (the store's largest).
-	listPage = blobstore.MaxListResults
-)
-
 // newDirStream starts a pass over the directory at dir: from a fresh
 // complete listing when the cache has one, else from the store.
 func (fs *FS) newDirStream(dir string) *dirStream {
@@ -112,28 +101,28 @@ func (fs *FS) newDirStream(dir string) *dirStream {
 		s.prefix = dir + "/"
 	}
 	s.cond = sync.NewCond(&s.mu)
-	s.merger.prefix = s.prefix
+	s.merger.Prefix = s.prefix
 	s.items = append(s.items, meta.Item{Name: ".", Entry: dotEntry}, meta.Item{Name: "..", Entry: dotEntry})
 	// A walker descending: the tree below may come from one flat
 	// listing (treewalk.go).
-	fs.maybeStartWalk(dir)
-	fs.lists.awaitWalk(dir)
-	fs.lists.notePassed(dir)
-	if items, ok := fs.lists.snapshot(dir, s.items); ok {
+	fs.lists.MaybeStartWalk(dir)
+	fs.lists.AwaitWalk(dir)
+	fs.lists.NotePassed(dir)
+	if items, ok := fs.lists.Snapshot(dir, s.items); ok {
 		s.items, s.done = items, true
 		return s
 	}
 	s.ctx, s.cancel = context.WithCancel(fs.ctx)
-	var start *passStart
-	s.fetch, start = fs.lists.startPass(dir)
+	var start *listing.PassStart
+	s.fetch, start = fs.lists.StartPass(dir)
 	if start != nil {
 		// The page a lookup of the directory fetched (keepListing).
 		// s is not shared yet: no need for mu.
-		for _, it := range start.items {
+		for _, it := range start.Items {
 			s.appendLocked(it)
 		}
-		s.marker, s.merger = start.marker, start.merger
-		s.pages, s.pageLen = 1, max(len(start.items), 1)
+		s.marker, s.merger = start.Marker, start.Merger
+		s.pages, s.pageLen = 1, max(len(start.Items), 1)
 	}
 	return s
 }
@@ -176,9 +165,9 @@ func (s *dirStream) read(end int, atEnd bool) {
 	s.startFetcherLocked()
 	s.mu.Unlock()
 	if atEnd {
-		s.fs.lists.endPass(s.fetch)
+		s.fs.lists.EndPass(s.fetch)
 	} else {
-		s.fs.lists.touchPass(s.fetch)
+		s.fs.lists.TouchPass(s.fetch)
 	}
 }
 
@@ -191,7 +180,7 @@ func (s *dirStream) close() {
 	if s.cancel != nil {
 		s.cancel()
 	}
-	s.fs.lists.endPass(s.fetch)
+	s.fs.lists.EndPass(s.fetch)
 }
 
 // startFetcherLocked starts the fetcher if the pass needs a page: the
@@ -223,16 +212,16 @@ func (s *dirStream) fetcher() {
 			s.mu.Unlock()
 			return
 		}
-		opts := blobstore.ListOptions{Prefix: s.prefix, Delimiter: "/", Marker: s.marker, MaxResults: listPage}
+		opts := blobstore.ListOptions{Prefix: s.prefix, Delimiter: "/", Marker: s.marker, MaxResults: listing.FullPage}
 		if s.pages == 0 {
-			opts.MaxResults = firstListPage
+			opts.MaxResults = listing.FirstPage
 		}
 		s.mu.Unlock()
 
-		s.fs.lists.passFetching(s.fetch, true)
+		s.fs.lists.PassFetching(s.fetch, true)
 		page, err := s.fs.store.List(s.ctx, opts)
 		if err != nil {
-			s.fs.lists.passFetching(s.fetch, false)
+			s.fs.lists.PassFetching(s.fetch, false)
 			s.mu.Lock()
 			if !s.closed {
 				if s.ctx.Err() == nil { // else the filesystem is closing
@@ -247,23 +236,23 @@ func (s *dirStream) fetcher() {
 		}
 		var added []meta.Item
 		emit := func(it meta.Item) { added = append(added, it) }
-		s.merger.add(page, emit)
-		last := s.merger.last
+		s.merger.Add(page, emit)
+		last := s.merger.Last()
 		if page.NextMarker == "" {
-			s.merger.flush(emit)
+			s.merger.Flush(emit)
 		} else if s.pages == 0 {
 			// Too large for a lookup to list whole: probe names
 			// in it one by one meanwhile (warmListing, probe).
-			s.fs.lists.markLarge(s.dir)
+			s.fs.lists.MarkLarge(s.dir)
 		}
 		var local map[string]*meta.Entry
 		if page.NextMarker == "" {
 			local = map[string]*meta.Entry{}
 			s.fs.mergeLocal(s.dir, local)
 		}
-		s.fs.lists.passPage(s.fetch, added, last)
+		s.fs.lists.PassPage(s.fetch, added, last)
 		if local != nil {
-			s.fs.lists.passListed(s.fetch, local)
+			s.fs.lists.PassListed(s.fetch, local)
 		}
 
 		s.mu.Lock()
@@ -313,82 +302,4 @@ func (s *dirStream) appendLocalLocked(local map[string]*meta.Entry) {
 			s.items = append(s.items, meta.Item{Name: name, Entry: local[name]})
 		}
 	}
-}
-
-// pageMerger turns the pages of one listing into directory entries, in
-// listing order. A page's blobs and prefixes come in two lists; merged by
-// name they are in the order of the listing, where a blob "a" comes
-// before its prefix "a/" and only names that start with "a" and a byte
-// below '/' come between them. So a blob is held until a key at or past
-// its prefix's place arrives: a prefix of the same name makes both one
-// directory (with the marker's attributes, if the blob is a marker); any
-// other key lets the blob go as it is.
-type pageMerger struct {
-	prefix string
-	// held are blobs whose prefix may still come: each is a prefix of
-	// the last key, so there are at most as many as its bytes.
-	held []meta.Item
-	// last is the last key seen, relative to prefix; a prefix's ends in
-	// "/". Every name up to it has been listed.
-	last string
-}
-
-// add merges one page, calling emit for each entry whose kind is settled.
-// Names that cannot be file names are skipped, never mangled.
-func (m *pageMerger) add(page blobstore.ListPage, emit func(meta.Item)) {
-	blobs, prefixes := page.Blobs, page.Prefixes
-	for len(blobs) > 0 || len(prefixes) > 0 {
-		if len(prefixes) == 0 || len(blobs) > 0 && blobs[0].Name < prefixes[0] {
-			b := blobs[0]
-			blobs = blobs[1:]
-			key := strings.TrimPrefix(b.Name, m.prefix)
-			m.release(key, emit)
-			if meta.CheckName(key) == fuse.OK {
-				e := meta.EntryOf(b)
-				m.held = append(m.held, meta.Item{Name: key, Entry: &e})
-			}
-			continue
-		}
-		key := strings.TrimPrefix(prefixes[0], m.prefix)
-		prefixes = prefixes[1:]
-		name := strings.TrimSuffix(key, "/")
-		e := meta.Entry{Kind: meta.KindDir}
-		for i, h := range m.held {
-			if h.Name == name {
-				if h.Entry.Kind == meta.KindDir {
-					e.Mtime, e.Attrs = h.Entry.Mtime, h.Entry.Attrs // the marker's
-				}
-				m.held = append(m.held[:i], m.held[i+1:]...)
-				break
-			}
-		}
-		m.release(key, emit)
-		if meta.CheckName(name) == fuse.OK {
-			emit(meta.Item{Name: name, Entry: &e})
-		}
-	}
-}
-
-// release emits the held blobs whose prefix would come before key, and
-// records key as the last one seen.
-func (m *pageMerger) release(key string, emit func(meta.Item)) {
-	kept := m.held[:0]
-	for _, h := range m.held {
-		if h.Name+"/" < key {
-			emit(h)
-		} else {
-			kept = append(kept, h)
-		}
-	}
-	clear(m.held[len(kept):])
-	m.held = kept
-	m.last = key
-}
-
-// flush emits the held blobs: the listing ended.
-func (m *pageMerger) flush(emit func(meta.Item)) {
-	for _, h := range m.held {
-		emit(h)
-	}
-	m.held = nil
 }

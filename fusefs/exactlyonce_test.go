@@ -794,7 +794,7 @@ func TestResentMkdirWhosePutLandsLate(t *testing.T) {
 	defer second.Close()
 	// The successor lists the root while the Put is still on its way.
 	lookUpOthers(second)
-	if _, found, ok := second.lists.lookup("", "late"); !ok || found {
+	if _, found, ok := second.lists.Lookup("", "late"); !ok || found {
 		t.Fatalf("root listing before the Put landed: ok=%v found=%v, want a listing without the name", ok, found)
 	}
 
@@ -841,7 +841,7 @@ func TestResentRenameWhoseDeleteLandsLate(t *testing.T) {
 	second := successor(t, store, state)
 	defer second.Close()
 	lookUpOthers(second)
-	if _, found, ok := second.lists.lookup("", "from"); !ok || !found {
+	if _, found, ok := second.lists.Lookup("", "from"); !ok || !found {
 		t.Fatalf("root listing before the Delete landed: ok=%v found=%v, want a listing with the source", ok, found)
 	}
 

@@ -163,7 +163,7 @@ func (fs *FS) releaseFile(of *openFile) {
 		fs.mu.Unlock()
 		if listed != "" {
 			dir, _ := meta.SplitPath(listed)
-			fs.lists.invalidate(dir)
+			fs.lists.Invalidate(dir)
 		}
 	}
 }
@@ -274,7 +274,7 @@ func (fs *FS) committed(n *node, path string, a blobstore.Attrs, size int64) {
 	n.attrExpiry = time.Now().Add(fs.opts.AttrTimeout)
 	fs.mu.Unlock()
 	dir, name := meta.SplitPath(path)
-	fs.lists.set(dir, name, e)
+	fs.lists.Set(dir, name, e)
 }
 
 func isWrite(flags uint32) bool { return flags&syscall.O_ACCMODE != syscall.O_RDONLY }
@@ -489,7 +489,7 @@ func (fs *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fus
 	fs.mu.Lock()
 	e := meta.Entry{Kind: meta.KindFile, Mtime: now, Pending: true, Attrs: n.attrs}
 	fs.mu.Unlock()
-	fs.lists.set(dirPath, name, e)
+	fs.lists.Set(dirPath, name, e)
 
 	fs.mu.Lock()
 	fs.batchLocked(func() {

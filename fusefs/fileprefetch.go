@@ -71,7 +71,7 @@ func (fs *FS) prefetchAfterOpen(path string) {
 	window := min(1<<min(n-1, 16), fs.opts.PrefetchFiles)
 	budget := fs.opts.BlockCacheBytes / 4
 	handed := ""
-	for _, it := range fs.lists.following(dir, name, window) {
+	for _, it := range fs.lists.Following(dir, name, window) {
 		e := it.Entry
 		if e.Kind != meta.KindFile || e.Pending || e.ETag == "" || e.Size <= 0 || e.Size > fs.opts.ReadBlockSize {
 			continue

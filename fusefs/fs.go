@@ -19,6 +19,7 @@ import (
 	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/contentsum"
 	"github.com/blobfs/blobfs/fusefs/journal"
+	"github.com/blobfs/blobfs/fusefs/listing"
 	"github.com/blobfs/blobfs/fusefs/memory"
 	"github.com/blobfs/blobfs/fusefs/meta"
 	"github.com/blobfs/blobfs/fusefs/upload"
@@ -52,7 +53,7 @@ type FS struct {
 	// so spill files carry no record (spillrecover.go).
 	noSpillRecords atomic.Bool
 	blocks         *cache.BlockCache
-	lists          *listCache
+	lists          *listing.Cache
 	// prefetcher fetches the next small files of a directory read file
 	// by file (fileprefetch.go).
 	prefetcher filePrefetcher
@@ -144,7 +145,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		log:            slog.New(newAuthWarnLimiter(opts.Logger.Handler())),
 		spillDir:       spillDir,
 		spills:         newSpillPool(spillDir),
-		lists:          newListCache(opts.ListTimeout, 1_000_000, opts.WalkAhead),
+		lists:          listing.NewCache(opts.ListTimeout, 1_000_000, opts.WalkAhead),
 		uploads:        memory.NewUploads(2*opts.UploadConcurrency, opts.UploadBlockSize),
 		writeBackSlots: make(chan struct{}, writeBackSlots),
 		ctx:            ctx,
@@ -155,6 +156,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		intents:        journal.NewIntentLog(),
 		orphansDone:    make(chan struct{}),
 	}
+	fs.lists.StartWalks(store, ctx, &fs.bg, fs.log, fs.mergeLocal)
 	fs.src = &cache.Sources{Store: store, Log: fs.log}
 	fs.up = &upload.Uploader{Store: store, BlockMD5: fs.blockMD5, BlockSize: opts.UploadBlockSize, WriteBack: opts.WriteBack, Buffers: fs.uploads, Ctx: ctx, Log: fs.log}
 	fs.blocks = cache.NewBlockCache(fs.src, opts.ReadBlockSize, opts.BlockCacheBytes-cache.ChunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), opts.MaxReadAheadBlocks)
@@ -475,9 +477,9 @@ func (fs *FS) probe(ctx context.Context, path string) (meta.Entry, error) {
 	)
 	prefix := path + "/"
 	pageSize := 1
-	var fetch *listFetch
-	if fs.lists.worthListing(path) {
-		pageSize, fetch = smallDirPage, fs.lists.beginFetch(path)
+	var fetch *listing.Fetch
+	if fs.lists.WorthListing(path) {
+		pageSize, fetch = smallDirPage, fs.lists.BeginFetch(path)
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -498,7 +500,7 @@ func (fs *FS) probe(ctx context.Context, path string) (meta.Entry, error) {
 		if err == nil && isDir {
 			fs.keepListing(path, prefix, page, fetch)
 		} else {
-			fs.lists.endFetch(fetch) // not a directory: nothing to keep
+			fs.lists.EndFetch(fetch) // not a directory: nothing to keep
 		}
 	}
 	if err != nil {
@@ -530,15 +532,15 @@ func (fs *FS) resolve(ctx context.Context, dir *node, dirPath, name string) (*no
 	fs.mu.Unlock()
 
 	path := meta.JoinPath(dirPath, name)
-	e, found, ok := fs.lists.lookup(dirPath, name)
+	e, found, ok := fs.lists.Lookup(dirPath, name)
 	if !ok {
 		if n := fs.listedDir(dir, name, path); n != nil {
 			return n, nil
 		}
 	}
-	if !ok && fs.lists.secondMiss(dirPath) && fs.warmListing(ctx, dirPath) {
-		e, found, ok = fs.lists.lookup(dirPath, name)
-	} else if ok && fs.lists.claimRefresh(dirPath) {
+	if !ok && fs.lists.SecondMiss(dirPath) && fs.warmListing(ctx, dirPath) {
+		e, found, ok = fs.lists.Lookup(dirPath, name)
+	} else if ok && fs.lists.ClaimRefresh(dirPath) {
 		fs.refreshListing(dirPath)
 	}
 	if ok && !found {
@@ -579,7 +581,7 @@ func (fs *FS) bindEntryLocked(parent uint64, name string, e meta.Entry) *node {
 // the container on Azurite (60 ms of 1.5 s reading 1,000 files there).
 // The node keeps its other attributes (a marker blob's mtime).
 func (fs *FS) listedDir(dir *node, name, path string) *node {
-	if !fs.lists.holdsStoreNames(path) {
+	if !fs.lists.HoldsStoreNames(path) {
 		return nil
 	}
 	fs.mu.Lock()
@@ -844,7 +846,7 @@ func (fs *FS) countSubdirs(n *node, path string) {
 	if n.kind != meta.KindDir {
 		return
 	}
-	if c, ok := fs.lists.subdirCount(path); ok {
+	if c, ok := fs.lists.SubdirCount(path); ok {
 		fs.mu.Lock()
 		n.subdirs = c
 		fs.mu.Unlock()
@@ -861,8 +863,8 @@ func (fs *FS) refreshEntry(n *node, path string) {
 	e := meta.Entry{Kind: n.kind, Size: n.size, Mtime: n.mtime, ETag: n.etag, Sum: n.sum, Target: n.target, Pending: !n.inStore, Attrs: n.attrs}
 	fs.mu.Unlock()
 	dir, name := meta.SplitPath(path)
-	if _, found, ok := fs.lists.lookup(dir, name); ok && found {
-		fs.lists.set(dir, name, e)
+	if _, found, ok := fs.lists.Lookup(dir, name); ok && found {
+		fs.lists.Set(dir, name, e)
 	}
 }
 
@@ -956,7 +958,7 @@ func (fs *FS) Close() {
 	fs.bgClosed = true
 	fs.bgMu.Unlock()
 	fs.bg.Wait()
-	fs.lists.clear()
+	fs.lists.Clear()
 	fs.blocks.Close()
 	fs.spills.close()
 	if fs.spillLock != nil {

@@ -27,7 +27,7 @@ const renameConcurrency = 16
 // newChild binds a freshly made name and hands it to the kernel,
 // completing the request's intent in the same journal write.
 func (fs *FS) newChild(dir *node, dirPath, name string, e meta.Entry, out *fuse.EntryOut, intent uint64) {
-	fs.lists.set(dirPath, name, e)
+	fs.lists.Set(dirPath, name, e)
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	touchDirLocked(dir, time.Now())
@@ -56,7 +56,7 @@ func (fs *FS) resentMade(ctx context.Context, it journal.Intent, dir *node, dirP
 // forgetName drops the binding of a name that is gone from the store and
 // completes the request's intent.
 func (fs *FS) forgetName(dir *node, dirPath, name string, intent uint64) {
-	fs.lists.remove(dirPath, name)
+	fs.lists.Remove(dirPath, name)
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	touchDirLocked(dir, time.Now())
@@ -114,7 +114,7 @@ func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.
 	e := meta.Entry{Kind: meta.KindDir, Mtime: a.ModTime, Attrs: attrs}
 	fs.newChild(dir, dirPath, name, e, out, intent)
 	// The new directory is known to be empty: lookups in it need no request.
-	fs.lists.put(path, map[string]*meta.Entry{})
+	fs.lists.Put(path, map[string]*meta.Entry{})
 	fs.crashPoint("mkdir", "reply", name)
 	return fuse.OK
 }
@@ -127,8 +127,8 @@ func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.
 // was fetched would resolve the name through it and answer EEXIST for its
 // own work (resentMade).
 func (fs *FS) foundInStore(dirPath, name string) {
-	if _, found, listed := fs.lists.lookup(dirPath, name); listed && !found {
-		fs.lists.invalidate(dirPath)
+	if _, found, listed := fs.lists.Lookup(dirPath, name); listed && !found {
+		fs.lists.Invalidate(dirPath)
 	}
 }
 
@@ -302,7 +302,7 @@ func (fs *FS) Unlink(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Stat
 		}
 	}
 	fs.crashPoint("unlink", "store", name)
-	fs.lists.remove(dirPath, name)
+	fs.lists.Remove(dirPath, name)
 	fs.mu.Lock()
 	now := time.Now()
 	touchDirLocked(dir, now)
@@ -373,7 +373,7 @@ func (fs *FS) Rmdir(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Statu
 	if err != nil {
 		if isResent && errors.Is(err, blobstore.ErrNotFound) {
 			// The first run removed it.
-			fs.lists.invalidateTree(path)
+			fs.lists.InvalidateTree(path)
 			fs.forgetName(dir, dirPath, name, resent.Unique)
 			fs.keepDir(ctx, dirPath)
 			return fuse.OK
@@ -396,8 +396,8 @@ func (fs *FS) Rmdir(_ <-chan struct{}, h *fuse.InHeader, name string) fuse.Statu
 		return toStatus(err)
 	}
 	fs.crashPoint("rmdir", "store", name)
-	fs.lists.remove(dirPath, name)
-	fs.lists.invalidateTree(path)
+	fs.lists.Remove(dirPath, name)
+	fs.lists.InvalidateTree(path)
 	fs.mu.Lock()
 	touchDirLocked(dir, time.Now())
 	fs.batchLocked(func() {
@@ -529,8 +529,8 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 		fs.completeIntentLocked(intent, 0, 0)
 	})
 	fs.mu.Unlock()
-	fs.lists.remove(srcDirPath, oldName)
-	fs.lists.set(dstDirPath, newName, e)
+	fs.lists.Remove(srcDirPath, oldName)
+	fs.lists.Set(dstDirPath, newName, e)
 	fs.keepDir(ctx, srcDirPath)
 	fs.crashPoint("rename", "reply", oldName)
 	return fuse.OK
@@ -548,9 +548,9 @@ func (fs *FS) finishResentRename(ctx context.Context, it journal.Intent, srcDir 
 		fs.completeIntentLocked(it.Unique, 0, 0)
 	})
 	fs.mu.Unlock()
-	fs.lists.remove(srcDirPath, oldName)
-	fs.lists.invalidate(dstDirPath)
-	fs.lists.invalidateTree(meta.JoinPath(srcDirPath, oldName))
+	fs.lists.Remove(srcDirPath, oldName)
+	fs.lists.Invalidate(dstDirPath)
+	fs.lists.InvalidateTree(meta.JoinPath(srcDirPath, oldName))
 	fs.keepDir(ctx, srcDirPath)
 }
 
@@ -791,8 +791,8 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	fs.lists.invalidateTree(srcPath)
-	fs.lists.invalidateTree(dstPath)
+	fs.lists.InvalidateTree(srcPath)
+	fs.lists.InvalidateTree(dstPath)
 	// Cached attributes of nodes below the old path still describe the
 	// same content; their paths follow the moved directory node.
 	type follower struct {

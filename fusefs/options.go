@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/blobfs/blobfs/fusefs/cache"
+	"github.com/blobfs/blobfs/fusefs/listing"
 )
 
 // Options configure one mount. The zero value (with CacheDir set by New to a
@@ -189,7 +190,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.PrefetchFiles = defaultPrefetchFiles
 	}
 	if o.WalkAhead == 0 {
-		o.WalkAhead = DefaultWalkAhead
+		o.WalkAhead = listing.DefaultWalkAhead
 	}
 	if o.WriteBackBytes == 0 {
 		o.WriteBackBytes = DefaultWriteBackBytes

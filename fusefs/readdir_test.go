@@ -18,7 +18,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/blobstore/storetest"
-	"github.com/blobfs/blobfs/fusefs/meta"
+	"github.com/blobfs/blobfs/fusefs/listing"
 )
 
 // pagedStore lists in pages of at most page names (0: as the store does),
@@ -580,7 +580,7 @@ func TestReaddirLookupsCostNoRequest(t *testing.T) {
 func TestStatInLargeDirectoryOnFreshMount(t *testing.T) {
 	mem := blobstore.NewMemory()
 	ctx := context.Background()
-	for i := range 2*listPage + 10 {
+	for i := range 2*listing.FullPage + 10 {
 		if _, err := mem.Put(ctx, fmt.Sprintf("d/f%05d", i), []byte("x"), blobstore.PutOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -651,65 +651,6 @@ func TestListingOutlivesSlowPass(t *testing.T) {
 	}
 	if l := slow.lists.Load() - listsBefore; l != 0 {
 		t.Fatalf("a lookup and a second listing right after a %v pass cost %d List requests, want 0 (the listing's timeout is %v)", took, l, ttl)
-	}
-}
-
-// TestPageMerger: a listing's pages, however split, give each name once,
-// a name that is both a blob and a prefix as one directory with the
-// marker's attributes, in listing order.
-func TestPageMerger(t *testing.T) {
-	// One listing of "d/", in order, as a store gives it.
-	type key struct {
-		name   string
-		prefix bool
-		md     map[string]string
-	}
-	keys := []key{
-		{name: "d/a", md: map[string]string{blobstore.MetaIsFolder: "true", blobstore.MetaMode: "40750"}},
-		{name: "d/a b"}, {name: "d/a-1"}, {name: "d/a-1-2"}, {name: "d/a."},
-		{name: "d/a/", prefix: true},
-		{name: "d/b"},
-		{name: "d/c"}, {name: "d/c.d"},
-		{name: "d/c/", prefix: true},
-		{name: "d/e/", prefix: true},
-		{name: "d/f"},
-	}
-	want := []string{"a b", "a-1", "a-1-2", "a", "b", "c.d", "c", "e", "f"}
-	kinds := map[string]meta.Kind{"a": meta.KindDir, "c": meta.KindDir, "e": meta.KindDir}
-	for size := 1; size <= len(keys); size++ {
-		var got []meta.Item
-		m := pageMerger{prefix: "d/"}
-		emit := func(it meta.Item) { got = append(got, it) }
-		for i := 0; i < len(keys); i += size {
-			var page blobstore.ListPage
-			for _, k := range keys[i:min(i+size, len(keys))] {
-				if k.prefix {
-					page.Prefixes = append(page.Prefixes, k.name)
-				} else {
-					page.Blobs = append(page.Blobs, blobstore.Attrs{Name: k.name, Metadata: k.md})
-				}
-			}
-			m.add(page, emit)
-		}
-		m.flush(emit)
-		var gotNames []string
-		for _, it := range got {
-			gotNames = append(gotNames, it.Name)
-			wantKind := kinds[it.Name]
-			if wantKind == 0 {
-				wantKind = meta.KindFile
-			}
-			if it.Entry.Kind != wantKind {
-				t.Errorf("pages of %d: %q is a %v, want a %v", size, it.Name, it.Entry.Kind, wantKind)
-			}
-			if it.Name == "a" && (!it.Entry.Attrs.HasPerm || it.Entry.Attrs.Perm != 0o750) {
-				t.Errorf("pages of %d: directory a lost its marker's mode: %+v", size, it.Entry.Attrs)
-			}
-		}
-		// "a." is not a valid name (Azure drops trailing dots): skipped.
-		if !slices.Equal(gotNames, want) {
-			t.Errorf("pages of %d: %v, want %v", size, gotNames, want)
-		}
 	}
 }
 

@@ -491,10 +491,8 @@ func TestLookupOfListedDirectoryAsksNothing(t *testing.T) {
 		time.Sleep(2 * short) // d's binding expires, d's listing does not
 		// As if the root were never listed: its lookups were rarer
 		// than one per ListTimeout (secondMiss).
-		fsys.lists.invalidate("")
-		fsys.lists.mu.Lock()
-		clear(fsys.lists.missed)
-		fsys.lists.mu.Unlock()
+		fsys.lists.Invalidate("")
+		fsys.lists.ForgetMisses()
 		before := dirAsks.count.Load()
 		if got := mustRead(t, join(dir, fmt.Sprintf("f%02d", round))); string(got) != fmt.Sprint(round) {
 			t.Fatalf("f%02d: %q", round, got)
@@ -575,21 +573,19 @@ func TestProbeOfDirectoryListsIt(t *testing.T) {
 	}
 
 	// As if this were the first lookup in the root (secondMiss).
-	fsys.lists.mu.Lock()
-	clear(fsys.lists.missed)
-	fsys.lists.mu.Unlock()
+	fsys.lists.ForgetMisses()
 	if _, err := os.Stat(join(mnt, "big")); err != nil {
 		t.Fatalf("stat big: %v", err)
 	}
-	if !fsys.lists.isLarge("big") {
+	if !fsys.lists.IsLarge("big") {
 		t.Fatal("a directory larger than a page was not remembered as large")
 	}
 	// Its first page is kept as a partial listing: it answers for its
 	// names, and not for the one past it.
-	if _, found, ok := fsys.lists.lookup("big", "f00000"); !ok || !found {
+	if _, found, ok := fsys.lists.Lookup("big", "f00000"); !ok || !found {
 		t.Fatal("the first page of a large directory does not answer for its names")
 	}
-	if _, _, ok := fsys.lists.lookup("big", fmt.Sprintf("f%05d", smallDirPage)); ok {
+	if _, _, ok := fsys.lists.Lookup("big", fmt.Sprintf("f%05d", smallDirPage)); ok {
 		t.Fatal("the first page of a large directory was cached as its whole listing")
 	}
 }

@@ -265,10 +265,8 @@ func TestTreeWalkStaysWithinWalkAhead(t *testing.T) {
 	// while its walker stays away. A walk that never pauses lists the
 	// whole tree and ends, and fails here.
 	waitFor(t, "the walk to pause ahead of its walker", func() bool {
-		c := fsys.lists
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return len(c.walks) == 1 && c.walks[0].paused
+		running, paused := fsys.lists.Walks()
+		return running == 1 && paused == 1
 	})
 	// Ahead of the walker: up to WalkAhead names in built directories,
 	// plus those of the directories being built, plus one page.

@@ -26,6 +26,7 @@ import (
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs"
 	"github.com/blobfs/blobfs/fusefs/kernel"
+	"github.com/blobfs/blobfs/fusefs/listing"
 )
 
 // Settings are what mount options set.
@@ -230,7 +231,7 @@ var Table = []Option{
 	{Name: "prefetch-files", Kind: Int, Min: 0, Max: 1024, Zero: "disabled", Default: "16", CSI: true,
 		Help: "small files fetched ahead when a directory's files are read one after another in name order (0 disables)",
 		set:  func(s *Settings, v Value) { s.FS.PrefetchFiles = zeroDisables(v) }},
-	{Name: "walk-ahead", Kind: Int, Min: 0, Max: 10_000_000, Zero: "disabled", Default: strconv.Itoa(fusefs.DefaultWalkAhead), CSI: true,
+	{Name: "walk-ahead", Kind: Int, Min: 0, Max: 10_000_000, Zero: "disabled", Default: strconv.Itoa(listing.DefaultWalkAhead), CSI: true,
 		Help: "names a directory walk (find, du, ls -R) may list ahead of the walker from one flat listing of the tree (0 disables)",
 		set:  func(s *Settings, v Value) { s.FS.WalkAhead = zeroDisables(v) }},
 	// 4000 MiB is Azure's largest block.

@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/blobfs/blobfs/csi"
-	"github.com/blobfs/blobfs/fusefs"
+	"github.com/blobfs/blobfs/fusefs/listing"
 	"github.com/blobfs/blobfs/fusefs/memory"
 )
 
@@ -48,7 +48,7 @@ func registerCSIFlags(fl *pflag.FlagSet, f *csiFlags) {
 	fl.StringVar(&f.cfg.CacheDir, "cache-dir", csi.DefaultCacheDir, "spill files of files being written, one subdirectory per volume; on the node's disk")
 	fl.StringVar(&f.cfg.MetricsAddress, "metrics-address", "", "serve Prometheus metrics at http://ADDRESS/metrics, e.g. :9809 (default: off)")
 	fl.StringVar(&f.cfg.KeeperSocket, "keeper-socket", "", "socket of a blobfs keeper that holds the mounts across restarts of this driver (default: none; mounts die with the driver and are mounted again at start-up)")
-	fl.Int64Var(&f.listCacheMB, "list-cache-mb", fusefs.DefaultListCacheBytes>>20, "memory for cached directory listings of every volume of the node together, MiB (about 200 bytes a name); the oldest are dropped first")
+	fl.Int64Var(&f.listCacheMB, "list-cache-mb", listing.DefaultListCacheBytes>>20, "memory for cached directory listings of every volume of the node together, MiB (about 200 bytes a name); the oldest are dropped first")
 	fl.Int64Var(&f.memoryMB, "memory-mb", 2048, "memory for the read block caches (three quarters) and upload buffers (a quarter) of every volume of the node together, MiB; each volume also keeps its own block-cache-mb; 0: no bound over the volumes")
 	fl.Int64Var(&f.disk.mb, "disk-cache-mb", 0, "disk space for content read from every volume of the node, MiB (0: no disk cache); files held whole are read by the kernel itself (FUSE passthrough) on read-only volumes")
 	fl.StringVar(&f.disk.dir, "disk-cache-dir", csi.DefaultDiskCacheDir, "directory of the disk cache, on the node's disk; emptied at start")
@@ -73,7 +73,7 @@ func runCSI(f csiFlags) error {
 	if f.listCacheMB < 1 || f.listCacheMB > 1<<20 {
 		return usageError{fmt.Errorf("--list-cache-mb %d: must be between 1 and 1048576 (MiB)", f.listCacheMB)}
 	}
-	fusefs.SetListCacheBytes(f.listCacheMB << 20)
+	listing.SetListCacheBytes(f.listCacheMB << 20)
 	if err := f.disk.check(); err != nil {
 		return usageError{err}
 	}

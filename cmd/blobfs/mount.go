@@ -26,6 +26,7 @@ import (
 	"github.com/blobfs/blobfs/fusefs/cache"
 	"github.com/blobfs/blobfs/fusefs/fsmetrics"
 	"github.com/blobfs/blobfs/fusefs/kernel"
+	"github.com/blobfs/blobfs/fusefs/listing"
 	"github.com/blobfs/blobfs/mountopt"
 )
 
@@ -67,7 +68,7 @@ func registerMountFlags(fl *pflag.FlagSet, c *mountConfig) {
 	fl.BoolVar(&c.create, "create-container", false, "create the Azure container if it does not exist")
 	fl.StringVar(&c.azure.ClientID, "identity-client-id", c.azure.ClientID, "client id of a user-assigned managed identity (azuread)")
 	fl.StringVar(&c.FS.CacheDir, "cache-dir", "", "directory for spill files of files being written (default: a new directory under $TMPDIR)")
-	fl.Int64Var(&c.listMB, "list-cache-mb", fusefs.DefaultListCacheBytes>>20, "memory for cached directory listings, MiB (about 200 bytes a name); the oldest are dropped first")
+	fl.Int64Var(&c.listMB, "list-cache-mb", listing.DefaultListCacheBytes>>20, "memory for cached directory listings, MiB (about 200 bytes a name); the oldest are dropped first")
 	fl.Int64Var(&c.disk.mb, "disk-cache-mb", 0, "disk space for content read, MiB (0: no disk cache); on a read-only mount, files held whole are read by the kernel itself (FUSE passthrough)")
 	fl.StringVar(&c.disk.dir, "disk-cache-dir", "", "directory of the disk cache, on a local disk; emptied at mount (default: disk/ in the cache directory)")
 	// Files that store no owner are the caller's: the table has no
@@ -488,7 +489,7 @@ func serve(c *mountConfig, mp string, logger *slog.Logger, ready func(error, str
 		ready(err, "")
 		return err
 	}
-	fusefs.SetListCacheBytes(c.listMB << 20)
+	listing.SetListCacheBytes(c.listMB << 20)
 	if kept != nil {
 		opts.State = kept.state
 	}

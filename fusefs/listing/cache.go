@@ -1,6 +1,8 @@
-package fusefs
+package listing
 
 import (
+	"context"
+	"log/slog"
 	"slices"
 	"sort"
 	"strings"
@@ -8,30 +10,32 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/meta"
+	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// listCache remembers directory listings for Options.ListTimeout so that
+// Cache remembers directory listings for Options.ListTimeout so that
 // lookups and getattrs of the names in a freshly listed directory (the
 // `ls -l` pattern) cost no request, and so that a lookup in a directory this
 // mount has just created or listed needs no request to say "no such name".
 //
 // Listings are updated in place by this mount's own changes (create, mkdir,
 // unlink, rename, commit), and so are listings still on their way from the
-// store (listFetch); changes by other writers show up once the entry
+// store (Fetch); changes by other writers show up once the entry
 // expires. Memory is bounded by maxEntries names over all listings: the
 // oldest listings are dropped first.
 //
 // A listing is complete (the whole directory) or partial: the first pages
 // of a larger directory, kept from a probe's page or fed page by page by a
-// directory pass in progress (startPass, dirstream.go). A partial listing
+// directory pass in progress (StartPass; fusefs/dirstream.go). A partial listing
 // answers for the names it holds, and says "no such name" only for names
 // its pages have gone past (covers). A listing fed by a pass does not
 // expire while a page of it is on its way: its timeout counts from the
 // pass's last activity (a page landing, the reader reading), so a pass
 // that outlasts the timeout keeps what it fetched, and its listing lives
 // on for the timeout after the reader is done.
-type listCache struct {
+type Cache struct {
 	ttl        time.Duration
 	maxEntries int
 	// now is the clock listings expire by: time.Now, or a test's own
@@ -52,7 +56,7 @@ type listCache struct {
 	// meanwhile are recorded in each, and replayed onto the listing when
 	// it arrives (putFetched): its pages may have been read before or
 	// after any of them.
-	fetching map[string][]*listFetch
+	fetching map[string][]*Fetch
 	// walks are the tree walks in progress (treewalk.go), at most
 	// maxWalks; passed remembers when each directory was last read (by
 	// a pass or from the cache), which is what starts a walk, for
@@ -62,11 +66,34 @@ type listCache struct {
 	passed    map[string]time.Time
 	cond      *sync.Cond
 	walkAhead int
+
+	// walker is what walks list with, set once by StartWalks; nil: no
+	// walks.
+	walker *walker
 }
 
-// A listFetch is taken before a listing of a directory is fetched and
+// walker is how a cache's tree walks reach the store and the mount: the
+// store to list, the mount's context and background group (a walk ends
+// with the mount, which waits for it), its log, and mergeLocal, which
+// adds to a walked directory the names that exist only in the mount.
+type walker struct {
+	store      blobstore.Store
+	ctx        context.Context
+	bg         *sync.WaitGroup
+	log        *slog.Logger
+	mergeLocal func(dir string, entries map[string]*meta.Entry)
+}
+
+// StartWalks lets the cache walk trees (maybeStartWalk) with store, until
+// ctx ends; bg counts the walks' goroutines. mergeLocal adds the names
+// that exist only in the mount to a walked directory's entries.
+func (c *Cache) StartWalks(store blobstore.Store, ctx context.Context, bg *sync.WaitGroup, log *slog.Logger, mergeLocal func(dir string, entries map[string]*meta.Entry)) {
+	c.walker = &walker{store: store, ctx: ctx, bg: bg, log: log, mergeLocal: mergeLocal}
+}
+
+// A Fetch is taken before a listing of a directory is fetched and
 // handed back with it to putFetched, or to endFetch when no listing came.
-type listFetch struct {
+type Fetch struct {
 	dir   string
 	start time.Time // when the fetch began (see refreshGrace)
 	// listing is the listing a pass feeds page by page (startPass); nil
@@ -92,23 +119,23 @@ type listChange struct {
 // maxFetchChanges bounds the changes recorded for one listing in flight.
 const maxFetchChanges = 100_000
 
-// beginFetch registers a listing of dir about to be fetched.
-func (c *listCache) beginFetch(dir string) *listFetch {
+// BeginFetch registers a listing of dir about to be fetched.
+func (c *Cache) BeginFetch(dir string) *Fetch {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	f := &listFetch{dir: dir, start: c.now()}
+	f := &Fetch{dir: dir, start: c.now()}
 	c.fetching[dir] = append(c.fetching[dir], f)
 	return f
 }
 
-// endFetch unregisters f; no listing is stored.
-func (c *listCache) endFetch(f *listFetch) {
+// EndFetch unregisters f; no listing is stored.
+func (c *Cache) EndFetch(f *Fetch) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.endFetchLocked(f)
 }
 
-func (c *listCache) endFetchLocked(f *listFetch) {
+func (c *Cache) endFetchLocked(f *Fetch) {
 	fs := c.fetching[f.dir]
 	for i, g := range fs {
 		if g == f {
@@ -123,11 +150,11 @@ func (c *listCache) endFetchLocked(f *listFetch) {
 	}
 }
 
-// putFetched replays onto entries, a listing of f.dir fetched since
+// PutFetched replays onto entries, a listing of f.dir fetched since
 // beginFetch returned f, this mount's changes to the directory since then,
 // and stores a copy of the result. It reports whether the copy was kept:
 // not when a change could not be replayed (entries then lack it).
-func (c *listCache) putFetched(entries map[string]*meta.Entry, f *listFetch) bool {
+func (c *Cache) PutFetched(entries map[string]*meta.Entry, f *Fetch) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.endFetchLocked(f)
@@ -144,17 +171,17 @@ func (c *listCache) putFetched(entries map[string]*meta.Entry, f *listFetch) boo
 	return c.putLocked(f.dir, copyEntries(entries), c.now().Sub(f.start), "")
 }
 
-// putPartialFetched is putFetched for the first page of a directory that
+// PutPartialFetched is putFetched for the first page of a directory that
 // has more: the listing kept answers for its names and, for the names
 // before the page's last key, that they do not exist; a pass that starts
 // while it is fresh goes on from it (start: where the listing continues).
 // It never replaces a listing a pass is feeding, nor a complete one still
 // fresh.
-func (c *listCache) putPartialFetched(entries map[string]*meta.Entry, start *passStart, f *listFetch) bool {
+func (c *Cache) PutPartialFetched(entries map[string]*meta.Entry, start *PassStart, f *Fetch) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.endFetchLocked(f)
-	if f.spoiled || start.merger.last == "" {
+	if f.spoiled || start.Merger.last == "" {
 		return false
 	}
 	if l := c.freshLocked(f.dir); l != nil && (l.complete || l.pass != nil) {
@@ -167,30 +194,30 @@ func (c *listCache) putPartialFetched(entries map[string]*meta.Entry, start *pas
 			entries[ch.name] = ch.e
 		}
 	}
-	if !c.putLocked(f.dir, copyEntries(entries), c.now().Sub(f.start), start.merger.last) {
+	if !c.putLocked(f.dir, copyEntries(entries), c.now().Sub(f.start), start.Merger.last) {
 		return false
 	}
 	c.dirs[f.dir].resume = start
 	return true
 }
 
-// passStart is where a pass starts that goes on from a partial listing:
+// PassStart is where a pass starts that goes on from a partial listing:
 // the entries up to where it got, in name order, and the store's listing
 // from there on.
-type passStart struct {
-	items  []meta.Item
-	marker string // the next page's
-	merger pageMerger
+type PassStart struct {
+	Items  []meta.Item
+	Marker string // the next page's
+	Merger PageMerger
 }
 
-// startPass begins a listing of dir that a directory pass feeds page by
+// StartPass begins a listing of dir that a directory pass feeds page by
 // page (passPage, passListed, endPass). A fresh partial listing that a
 // pass may go on from (putPartialFetched) becomes the pass's, and start
 // says where the pass begins; otherwise the pass starts from the top and
 // its listing replaces what is cached of dir. It returns a nil fetch, and
 // the pass goes uncached, when listings are not cached or another pass
 // feeds dir's listing already.
-func (c *listCache) startPass(dir string) (f *listFetch, start *passStart) {
+func (c *Cache) StartPass(dir string) (f *Fetch, start *PassStart) {
 	if c.ttl <= 0 {
 		return nil, nil
 	}
@@ -200,7 +227,7 @@ func (c *listCache) startPass(dir string) (f *listFetch, start *passStart) {
 	if l != nil && l.pass != nil {
 		return nil, nil
 	}
-	f = &listFetch{dir: dir, start: c.now()}
+	f = &Fetch{dir: dir, start: c.now()}
 	c.fetching[dir] = append(c.fetching[dir], f)
 	if l != nil && !l.complete && l.resume != nil {
 		// Its entries, as this mount's changes since left them, up
@@ -209,17 +236,17 @@ func (c *listCache) startPass(dir string) (f *listFetch, start *passStart) {
 		// The blobs the page's merger holds (their prefix may still
 		// come) are left to it: a name this mount has set meanwhile
 		// (a commit) is in the listing too, and would show twice.
-		start.merger.held = slices.Clone(start.merger.held)
+		start.Merger.held = slices.Clone(start.Merger.held)
 		held := map[string]bool{}
-		for i, h := range start.merger.held {
+		for i, h := range start.Merger.held {
 			held[h.Name] = true
 			if e := l.entries[h.Name]; e != nil {
-				start.merger.held[i].Entry = e // this mount's newer view
+				start.Merger.held[i].Entry = e // this mount's newer view
 			}
 		}
 		for _, name := range l.sortedLocked() {
 			if name < l.last && !held[name] {
-				start.items = append(start.items, meta.Item{Name: name, Entry: l.entries[name]})
+				start.Items = append(start.Items, meta.Item{Name: name, Entry: l.entries[name]})
 			}
 		}
 	} else {
@@ -232,9 +259,9 @@ func (c *listCache) startPass(dir string) (f *listFetch, start *passStart) {
 	return f, start
 }
 
-// passFetching marks a page of f's listing as on its way (on) or landed:
+// PassFetching marks a page of f's listing as on its way (on) or landed:
 // meanwhile the listing does not expire.
-func (c *listCache) passFetching(f *listFetch, on bool) {
+func (c *Cache) PassFetching(f *Fetch, on bool) {
 	if f == nil {
 		return
 	}
@@ -246,10 +273,10 @@ func (c *listCache) passFetching(f *listFetch, on bool) {
 	}
 }
 
-// passPage adds a page's entries to f's listing, the listing having now
+// PassPage adds a page's entries to f's listing, the listing having now
 // gone past last, and replays onto them this mount's changes to those
 // names since the pass began (the page may predate them).
-func (c *listCache) passPage(f *listFetch, items []meta.Item, last string) {
+func (c *Cache) PassPage(f *Fetch, items []meta.Item, last string) {
 	if f == nil {
 		return
 	}
@@ -296,10 +323,10 @@ func (c *listCache) passPage(f *listFetch, items []meta.Item, last string) {
 	l.expiry = c.now().Add(c.ttl)
 }
 
-// passListed completes f's listing: the store's listing ended, and local
+// PassListed completes f's listing: the store's listing ended, and local
 // holds the names that exist only here (mergeLocal). The listing stays
 // with the pass until endPass.
-func (c *listCache) passListed(f *listFetch, local map[string]*meta.Entry) {
+func (c *Cache) PassListed(f *Fetch, local map[string]*meta.Entry) {
 	if f == nil {
 		return
 	}
@@ -322,9 +349,9 @@ func (c *listCache) passListed(f *listFetch, local map[string]*meta.Entry) {
 	c.endFetchLocked(f) // changes now apply to the listing in place
 }
 
-// touchPass records the reader's activity: f's listing lives on for the
+// TouchPass records the reader's activity: f's listing lives on for the
 // timeout from now.
-func (c *listCache) touchPass(f *listFetch) {
+func (c *Cache) TouchPass(f *Fetch) {
 	if f == nil {
 		return
 	}
@@ -335,9 +362,9 @@ func (c *listCache) touchPass(f *listFetch) {
 	}
 }
 
-// endPass ends f's pass (read to its end, rewound or released): its
+// EndPass ends f's pass (read to its end, rewound or released): its
 // listing, complete or as far as it got, lives for the timeout from now.
-func (c *listCache) endPass(f *listFetch) {
+func (c *Cache) EndPass(f *Fetch) {
 	if f == nil {
 		return
 	}
@@ -353,7 +380,7 @@ func (c *listCache) endPass(f *listFetch) {
 // passListingLocked returns the listing f feeds, or nil (detaching f)
 // when it no longer does: the listing was dropped or replaced, or a
 // change spoiled it.
-func (c *listCache) passListingLocked(f *listFetch) *listing {
+func (c *Cache) passListingLocked(f *Fetch) *listing {
 	l := f.listing
 	if l == nil {
 		return nil
@@ -370,7 +397,7 @@ func (c *listCache) passListingLocked(f *listFetch) *listing {
 	return l
 }
 
-func (c *listCache) detachPassLocked(f *listFetch) {
+func (c *Cache) detachPassLocked(f *Fetch) {
 	if l := f.listing; l != nil && l.pass == f {
 		l.pass, l.fetching = nil, false
 	}
@@ -380,7 +407,7 @@ func (c *listCache) detachPassLocked(f *listFetch) {
 
 // recordLocked adds a change of name in dir to the listings of dir in
 // flight.
-func (c *listCache) recordLocked(dir string, ch listChange) {
+func (c *Cache) recordLocked(dir string, ch listChange) {
 	for _, w := range slices.Clone(c.walks) {
 		if !w.covers(dir) {
 			continue // the walked directory's listing takes changes in place
@@ -407,7 +434,7 @@ func (c *listCache) recordLocked(dir string, ch listChange) {
 
 // spoilLocked marks the listings in flight of dir, and with tree of every
 // directory below it, as not to be cached.
-func (c *listCache) spoilLocked(dir string, tree bool) {
+func (c *Cache) spoilLocked(dir string, tree bool) {
 	for _, w := range slices.Clone(c.walks) {
 		// A directory in the walked tree changed in a way that cannot
 		// be replayed onto its listing (removed, renamed): the walk
@@ -434,7 +461,7 @@ const (
 	largeMemory = time.Minute
 )
 
-func (c *listCache) markLarge(dir string) {
+func (c *Cache) MarkLarge(dir string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.large) >= maxLarge {
@@ -443,14 +470,16 @@ func (c *listCache) markLarge(dir string) {
 	c.large[dir] = c.now().Add(largeMemory)
 }
 
-// worthListing reports whether a whole page of dir is worth fetching for
+// WorthListing reports whether a whole page of dir is worth fetching for
 // the cache: listings are cached at all, and dir is not known to be larger
 // than a page.
-func (c *listCache) worthListing(dir string) bool {
-	return c.ttl > 0 && !c.isLarge(dir)
+func (c *Cache) WorthListing(dir string) bool {
+	return c.ttl > 0 && !c.IsLarge(dir)
 }
 
-func (c *listCache) isLarge(dir string) bool {
+// IsLarge tells whether dir was found too large to list for a single
+// lookup, a while ago: its names are probed one by one.
+func (c *Cache) IsLarge(dir string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t, ok := c.large[dir]
@@ -461,7 +490,7 @@ func (c *listCache) isLarge(dir string) bool {
 	return ok
 }
 
-// secondMiss records a lookup in dir that no cached listing could answer,
+// SecondMiss records a lookup in dir that no cached listing could answer,
 // and reports whether another one came less than ttl before it. The first
 // name looked up in a directory is probed (a Stat and a one-name List, in
 // parallel); a directory looked up in again is listed whole, which answers
@@ -470,7 +499,7 @@ func (c *listCache) isLarge(dir string) bool {
 // whose listings scan the whole container, listing a root of 21 names in a
 // container of 9,000 blobs took 16-51 ms against a probe's 4-17 ms; a
 // directory read file by file pays one probe more.
-func (c *listCache) secondMiss(dir string) bool {
+func (c *Cache) SecondMiss(dir string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.now()
@@ -499,11 +528,11 @@ type listing struct {
 	// pass is the fetch of the directory pass feeding this listing
 	// (startPass) until the pass ends; fetching: a page of it is on its
 	// way, and the listing does not expire meanwhile.
-	pass     *listFetch
+	pass     *Fetch
 	fetching bool
 	// resume: a pass may go on from this partial listing, at the page
 	// after the one it holds.
-	resume *passStart
+	resume *PassStart
 	sorted []string // entries' names in order; nil until asked for, and after a change
 	// subdirs counts the entries that are directories, plus one; 0 until
 	// asked for and after a listing is (re)filled; set and remove keep it.
@@ -516,16 +545,16 @@ type listing struct {
 	prefetched int
 }
 
-func newListCache(ttl time.Duration, maxEntries, walkAhead int) *listCache {
-	c := &listCache{ttl: ttl, maxEntries: maxEntries, now: time.Now, dirs: map[string]*listing{}, large: map[string]time.Time{}, missed: map[string]time.Time{},
-		fetching: map[string][]*listFetch{}, passed: map[string]time.Time{}, walkAhead: walkAhead}
+func NewCache(ttl time.Duration, maxEntries, walkAhead int) *Cache {
+	c := &Cache{ttl: ttl, maxEntries: maxEntries, now: time.Now, dirs: map[string]*listing{}, large: map[string]time.Time{}, missed: map[string]time.Time{},
+		fetching: map[string][]*Fetch{}, passed: map[string]time.Time{}, walkAhead: walkAhead}
 	c.cond = sync.NewCond(&c.mu)
 	return c
 }
 
-// notePassed records that dir is being read: a walker that then opens one
+// NotePassed records that dir is being read: a walker that then opens one
 // of its first subdirectories starts a tree walk (maybeStartWalk).
-func (c *listCache) notePassed(dir string) {
+func (c *Cache) NotePassed(dir string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.passed) >= maxLarge {
@@ -564,7 +593,7 @@ func ListCacheNames() (held, limit int64) { return listBudget.used.Load(), listB
 
 // roomLocked reports whether n more names fit both this cache's own bound
 // and the process's budget.
-func (c *listCache) roomLocked(n int) bool {
+func (c *Cache) roomLocked(n int) bool {
 	return c.total+n <= c.maxEntries && listBudget.used.Load()+int64(n) <= listBudget.limit.Load()
 }
 
@@ -572,7 +601,7 @@ func (c *listCache) roomLocked(n int) bool {
 // until n more names fit, and reports whether they do. It drops nothing
 // when all it holds would not be enough (the process's budget taken by
 // other mounts).
-func (c *listCache) makeRoomLocked(n int, keep *listing) bool {
+func (c *Cache) makeRoomLocked(n int, keep *listing) bool {
 	for !c.roomLocked(n) {
 		over := max(c.total+n-c.maxEntries, int(listBudget.used.Load()+int64(n)-listBudget.limit.Load()))
 		droppable := c.total
@@ -587,15 +616,15 @@ func (c *listCache) makeRoomLocked(n int, keep *listing) bool {
 }
 
 // countLocked records n names more (or fewer) in this cache.
-func (c *listCache) countLocked(n int) {
+func (c *Cache) countLocked(n int) {
 	c.total += n
 	listBudget.used.Add(int64(n))
 }
 
-// sweep drops the listings that have expired: a mount nobody uses would
+// Sweep drops the listings that have expired: a mount nobody uses would
 // otherwise keep them, and their part of the process's budget, until its
 // next lookup.
-func (c *listCache) sweep() {
+func (c *Cache) Sweep() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for dir := range c.dirs {
@@ -603,8 +632,8 @@ func (c *listCache) sweep() {
 	}
 }
 
-// clear drops every listing: the filesystem is closing.
-func (c *listCache) clear() {
+// Clear drops every listing: the filesystem is closing.
+func (c *Cache) Clear() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, w := range slices.Clone(c.walks) {
@@ -615,8 +644,8 @@ func (c *listCache) clear() {
 	}
 }
 
-// put stores a complete listing of dir.
-func (c *listCache) put(dir string, entries map[string]*meta.Entry) {
+// Put stores a complete listing of dir.
+func (c *Cache) Put(dir string, entries map[string]*meta.Entry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.putLocked(dir, entries, 0, "")
@@ -624,7 +653,7 @@ func (c *listCache) put(dir string, entries map[string]*meta.Entry) {
 
 // putLocked stores a listing that took took to fetch, complete when last
 // is "" and partial up to last otherwise, and reports whether it was kept.
-func (c *listCache) putLocked(dir string, entries map[string]*meta.Entry, took time.Duration, last string) bool {
+func (c *Cache) putLocked(dir string, entries map[string]*meta.Entry, took time.Duration, last string) bool {
 	if c.ttl <= 0 {
 		return false
 	}
@@ -637,10 +666,10 @@ func (c *listCache) putLocked(dir string, entries map[string]*meta.Entry, took t
 	return true
 }
 
-// lookup answers whether name is in dir. ok is false when there is no fresh
+// Lookup answers whether name is in dir. ok is false when there is no fresh
 // listing of dir that knows: none, or a partial one that has not reached
 // name.
-func (c *listCache) lookup(dir, name string) (e meta.Entry, found, ok bool) {
+func (c *Cache) Lookup(dir, name string) (e meta.Entry, found, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
@@ -678,9 +707,9 @@ func byteOrderSafe(s string) bool {
 	return true
 }
 
-// holdsStoreNames reports whether dir has a fresh listing with a name that
+// HoldsStoreNames reports whether dir has a fresh listing with a name that
 // came from the store (not only files created here and not committed).
-func (c *listCache) holdsStoreNames(dir string) bool {
+func (c *Cache) HoldsStoreNames(dir string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
@@ -695,9 +724,9 @@ func (c *listCache) holdsStoreNames(dir string) bool {
 	return false
 }
 
-// subdirCount returns how many subdirectories dir's listing holds, if
+// SubdirCount returns how many subdirectories dir's listing holds, if
 // dir is listed: a directory's nlink is 2 plus that.
-func (c *listCache) subdirCount(dir string) (int, bool) {
+func (c *Cache) SubdirCount(dir string) (int, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
@@ -716,9 +745,9 @@ func (c *listCache) subdirCount(dir string) (int, bool) {
 	return l.subdirs - 1, true
 }
 
-// snapshot appends to items a fresh complete listing of dir in name
+// Snapshot appends to items a fresh complete listing of dir in name
 // order, or returns ok=false.
-func (c *listCache) snapshot(dir string, items []meta.Item) (_ []meta.Item, ok bool) {
+func (c *Cache) Snapshot(dir string, items []meta.Item) (_ []meta.Item, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
@@ -744,13 +773,13 @@ func (l *listing) sortedLocked() []string {
 	return l.sorted
 }
 
-// claimRefresh reports whether dir's listing, still fresh, is in the last
+// ClaimRefresh reports whether dir's listing, still fresh, is in the last
 // quarter of its life with no refresh started yet, and marks it refreshing.
 // A directory in use is listed again in the background before its listing
 // expires (see FS.refreshListing), so that its lookups do not stall on a
 // whole listing once per ListTimeout. A refresh that takes longer than the
 // quarter left is covered by refreshGrace.
-func (c *listCache) claimRefresh(dir string) bool {
+func (c *Cache) ClaimRefresh(dir string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
@@ -778,9 +807,9 @@ func refreshGrace(ttl, took time.Duration) time.Duration {
 	return min(2*took, ttl/2)
 }
 
-// following returns up to max entries of dir's fresh listing that come
+// Following returns up to max entries of dir's fresh listing that come
 // after name, in name order; none when dir has no fresh listing.
-func (c *listCache) following(dir, name string, max int) []meta.Item {
+func (c *Cache) Following(dir, name string, max int) []meta.Item {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.freshLocked(dir)
@@ -799,8 +828,8 @@ func (c *listCache) following(dir, name string, max int) []meta.Item {
 	return out
 }
 
-// set records name in dir's listing if one is cached.
-func (c *listCache) set(dir, name string, e meta.Entry) {
+// Set records name in dir's listing if one is cached.
+func (c *Cache) Set(dir, name string, e meta.Entry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := &e // shared, never changed: a change replaces it
@@ -827,8 +856,8 @@ func (l *listing) countSubdirLocked(e *meta.Entry, delta int) {
 	}
 }
 
-// remove drops name from dir's listing if one is cached.
-func (c *listCache) remove(dir, name string) {
+// Remove drops name from dir's listing if one is cached.
+func (c *Cache) Remove(dir, name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.recordLocked(dir, listChange{name: name, removed: true})
@@ -842,8 +871,8 @@ func (c *listCache) remove(dir, name string) {
 	}
 }
 
-// invalidateTree drops the listings of dir and of every directory below it.
-func (c *listCache) invalidateTree(dir string) {
+// InvalidateTree drops the listings of dir and of every directory below it.
+func (c *Cache) InvalidateTree(dir string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.spoilLocked(dir, true)
@@ -854,14 +883,14 @@ func (c *listCache) invalidateTree(dir string) {
 	}
 }
 
-func (c *listCache) invalidate(dir string) {
+func (c *Cache) Invalidate(dir string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.spoilLocked(dir, false)
 	c.dropLocked(dir)
 }
 
-func (c *listCache) freshLocked(dir string) *listing {
+func (c *Cache) freshLocked(dir string) *listing {
 	l := c.dirs[dir]
 	if l == nil {
 		return nil
@@ -874,7 +903,7 @@ func (c *listCache) freshLocked(dir string) *listing {
 	return l
 }
 
-func (c *listCache) dropLocked(dir string) {
+func (c *Cache) dropLocked(dir string) {
 	if l := c.dirs[dir]; l != nil {
 		if w := l.walk; w != nil && l.prefetched > 0 {
 			w.ahead -= l.prefetched
@@ -887,7 +916,7 @@ func (c *listCache) dropLocked(dir string) {
 
 // evictOldestLocked drops the listing that expires first, other than
 // keep, and reports whether there was one.
-func (c *listCache) evictOldestLocked(keep *listing) bool {
+func (c *Cache) evictOldestLocked(keep *listing) bool {
 	var oldest string
 	var t time.Time
 	first := true
@@ -901,4 +930,127 @@ func (c *listCache) evictOldestLocked(keep *listing) bool {
 	}
 	c.dropLocked(oldest)
 	return true
+}
+
+const (
+	// FirstPage is the size of a pass's first page: on Azurite a
+	// page costs about 150 ms plus 0.1 ms a name, so 500 names come in
+	// 0.25 s against 0.75 s for a full page; one page more in all.
+	FirstPage = 500
+	// FullPage is the size of the pages after it (the store's largest).
+	FullPage = blobstore.MaxListResults
+)
+
+// PageMerger turns the pages of one listing into directory entries, in
+// listing order. A page's blobs and prefixes come in two lists; merged by
+// name they are in the order of the listing, where a blob "a" comes
+// before its prefix "a/" and only names that start with "a" and a byte
+// below '/' come between them. So a blob is held until a key at or past
+// its prefix's place arrives: a prefix of the same name makes both one
+// directory (with the marker's attributes, if the blob is a marker); any
+// other key lets the blob go as it is.
+type PageMerger struct {
+	Prefix string
+	// held are blobs whose prefix may still come: each is a prefix of
+	// the last key, so there are at most as many as its bytes.
+	held []meta.Item
+	// last is the last key seen, relative to prefix; a prefix's ends in
+	// "/". Every name up to it has been listed.
+	last string
+}
+
+// ForgetMisses forgets which directories lookups could not answer from a
+// listing (SecondMiss): as if lookups were rarer than one per timeout.
+func (c *Cache) ForgetMisses() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.missed)
+}
+
+// Last is the last key seen, relative to Prefix: every name up to it has
+// been listed.
+func (m *PageMerger) Last() string { return m.last }
+
+// Add merges one page, calling emit for each entry whose kind is settled.
+// Names that cannot be file names are skipped, never mangled.
+func (m *PageMerger) Add(page blobstore.ListPage, emit func(meta.Item)) {
+	blobs, prefixes := page.Blobs, page.Prefixes
+	for len(blobs) > 0 || len(prefixes) > 0 {
+		if len(prefixes) == 0 || len(blobs) > 0 && blobs[0].Name < prefixes[0] {
+			b := blobs[0]
+			blobs = blobs[1:]
+			key := strings.TrimPrefix(b.Name, m.Prefix)
+			m.release(key, emit)
+			if meta.CheckName(key) == fuse.OK {
+				e := meta.EntryOf(b)
+				m.held = append(m.held, meta.Item{Name: key, Entry: &e})
+			}
+			continue
+		}
+		key := strings.TrimPrefix(prefixes[0], m.Prefix)
+		prefixes = prefixes[1:]
+		name := strings.TrimSuffix(key, "/")
+		e := meta.Entry{Kind: meta.KindDir}
+		for i, h := range m.held {
+			if h.Name == name {
+				if h.Entry.Kind == meta.KindDir {
+					e.Mtime, e.Attrs = h.Entry.Mtime, h.Entry.Attrs // the marker's
+				}
+				m.held = append(m.held[:i], m.held[i+1:]...)
+				break
+			}
+		}
+		m.release(key, emit)
+		if meta.CheckName(name) == fuse.OK {
+			emit(meta.Item{Name: name, Entry: &e})
+		}
+	}
+}
+
+// release emits the held blobs whose prefix would come before key, and
+// records key as the last one seen.
+func (m *PageMerger) release(key string, emit func(meta.Item)) {
+	kept := m.held[:0]
+	for _, h := range m.held {
+		if h.Name+"/" < key {
+			emit(h)
+		} else {
+			kept = append(kept, h)
+		}
+	}
+	clear(m.held[len(kept):])
+	m.held = kept
+	m.last = key
+}
+
+// Flush emits the held blobs: the listing ended.
+func (m *PageMerger) Flush(emit func(meta.Item)) {
+	for _, h := range m.held {
+		emit(h)
+	}
+	m.held = nil
+}
+
+func copyEntries(m map[string]*meta.Entry) map[string]*meta.Entry {
+	out := make(map[string]*meta.Entry, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// PageEntries merges one listing page into a map of entries. With more
+// pages to come it also returns the merger, which says where the listing
+// stands (last) and holds the blobs whose prefix may still come: they are
+// left out, so that a name is never shown with the wrong kind.
+func PageEntries(prefix string, page blobstore.ListPage) (map[string]*meta.Entry, *PageMerger) {
+	entries := map[string]*meta.Entry{}
+	emit := func(it meta.Item) { entries[it.Name] = it.Entry }
+	m := &PageMerger{Prefix: prefix}
+	m.Add(page, emit)
+	if page.NextMarker != "" {
+		return entries, m
+	}
+	m.Flush(emit)
+	return entries, nil
 }

@@ -1,4 +1,4 @@
-package fusefs
+package listing
 
 import (
 	"context"
@@ -171,16 +171,16 @@ func (w *treeWalk) hedge() time.Duration {
 
 const maxHedge = 3 * time.Second
 
-// maybeStartWalk is called when a pass over dir begins. It starts a walk
+// MaybeStartWalk is called when a pass over dir begins. It starts a walk
 // of dir's parent when dir is one of the parent's first two subdirectories
 // and the parent was read within walkWindow, unless a walk covers dir
 // already.
-func (fs *FS) maybeStartWalk(dir string) {
-	if fs.opts.WalkAhead <= 0 || dir == "" {
+func (c *Cache) MaybeStartWalk(dir string) {
+	wk := c.walker
+	if wk == nil || c.walkAhead <= 0 || dir == "" {
 		return
 	}
 	parent, _ := meta.SplitPath(dir)
-	c := fs.lists
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ttl <= 0 || len(c.walks) >= maxWalks || c.walkCoveringLocked(dir) != nil {
@@ -210,20 +210,20 @@ func (fs *FS) maybeStartWalk(dir string) {
 	if parent != "" {
 		w.prefix = parent + "/"
 	}
-	w.ctx, w.cancel = context.WithCancel(fs.ctx)
+	w.ctx, w.cancel = context.WithCancel(wk.ctx)
 	w.dirs[parent] = &walkDir{path: parent, entries: map[string]*meta.Entry{}, entered: true}
 	l.walk = w // the parent's listing stays fresh while the walk is in use
 	c.walks = append(c.walks, w)
-	fs.bg.Add(1)
-	go fs.runWalk(w)
-	fs.log.Debug("directory walk: listing the tree flat", "path", parent, "opened", dir)
+	wk.bg.Add(1)
+	go c.runWalk(w)
+	wk.log.Debug("directory walk: listing the tree flat", "path", parent, "opened", dir)
 }
 
 // runWalk lists w's tree page by page, building its directories, until the
 // listing ends, fails, or the walk is ended.
-func (fs *FS) runWalk(w *treeWalk) {
-	defer fs.bg.Done()
-	c := fs.lists
+func (c *Cache) runWalk(w *treeWalk) {
+	wk := c.walker
+	defer wk.bg.Done()
 	defer c.endWalk(w)
 	// The next page is asked for as soon as a page arrives (when the
 	// walk has room ahead of its walker), and the page is turned into
@@ -236,11 +236,11 @@ func (fs *FS) runWalk(w *treeWalk) {
 	}
 	fetch := func(marker string) <-chan fetched {
 		ch := make(chan fetched, 1)
-		fs.bg.Add(1)
+		wk.bg.Add(1)
 		go func() {
-			defer fs.bg.Done()
+			defer wk.bg.Done()
 			start := time.Now()
-			page, err := fs.store.List(w.ctx, blobstore.ListOptions{Prefix: w.prefix, MaxResults: listPage, Marker: marker})
+			page, err := wk.store.List(w.ctx, blobstore.ListOptions{Prefix: w.prefix, MaxResults: FullPage, Marker: marker})
 			ch <- fetched{page, time.Since(start), err}
 		}()
 		return ch
@@ -250,7 +250,7 @@ func (fs *FS) runWalk(w *treeWalk) {
 		f := <-next
 		if f.err != nil {
 			if w.ctx.Err() == nil {
-				fs.log.Debug("directory walk: list failed; directories are listed one by one", "path", w.root, "err", f.err)
+				wk.log.Debug("directory walk: list failed; directories are listed one by one", "path", w.root, "err", f.err)
 			}
 			return
 		}
@@ -260,12 +260,12 @@ func (fs *FS) runWalk(w *treeWalk) {
 			next = fetch(f.page.NextMarker)
 		}
 		done := c.walkPage(w, f.page, f.took)
-		fs.fillWalked(w, done)
+		c.fillWalked(w, done)
 		if !more {
 			return
 		}
 		if next == nil {
-			if !fs.walkMayGoOn(w) {
+			if !c.walkMayGoOn(w) {
 				return
 			}
 			next = fetch(f.page.NextMarker)
@@ -274,7 +274,7 @@ func (fs *FS) runWalk(w *treeWalk) {
 }
 
 // walkHasRoom reports whether w may list more now.
-func (c *listCache) walkHasRoom(w *treeWalk) bool {
+func (c *Cache) walkHasRoom(w *treeWalk) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return !w.ended && w.ahead+w.building <= c.walkAheadLimit()
@@ -282,14 +282,13 @@ func (c *listCache) walkHasRoom(w *treeWalk) bool {
 
 // walkAheadLimit is how many names a walk may hold ahead of its walkers:
 // Options.WalkAhead, and at most half the process's listing budget.
-func (c *listCache) walkAheadLimit() int {
+func (c *Cache) walkAheadLimit() int {
 	return int(min(int64(c.walkAhead), listBudget.limit.Load()/2))
 }
 
 // walkMayGoOn waits while w is WalkAhead names ahead of its walker, and
 // reports whether the walk goes on.
-func (fs *FS) walkMayGoOn(w *treeWalk) bool {
-	c := fs.lists
+func (c *Cache) walkMayGoOn(w *treeWalk) bool {
 	for {
 		c.mu.Lock()
 		ended := w.ended
@@ -317,7 +316,7 @@ func (fs *FS) walkMayGoOn(w *treeWalk) bool {
 
 // walkPage adds one page of w's flat listing, and returns the directories
 // it completed (removed from w.dirs); the last page completes them all.
-func (c *listCache) walkPage(w *treeWalk, page blobstore.ListPage, took time.Duration) []*walkDir {
+func (c *Cache) walkPage(w *treeWalk, page blobstore.ListPage, took time.Duration) []*walkDir {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if w.ended {
@@ -422,17 +421,17 @@ func (w *treeWalk) addBlobLocked(b blobstore.Attrs, done []*walkDir) []*walkDir 
 // fillWalked puts the directories a walk completed into the listing cache,
 // with the names that exist only here and this mount's changes since the
 // walk began.
-func (fs *FS) fillWalked(w *treeWalk, done []*walkDir) {
+func (c *Cache) fillWalked(w *treeWalk, done []*walkDir) {
 	for _, d := range done {
-		fs.mergeLocal(d.path, d.entries)
+		c.walker.mergeLocal(d.path, d.entries)
 	}
 	if len(done) > 0 {
-		fs.lists.putWalked(w, done)
+		c.putWalked(w, done)
 	}
 }
 
 // putWalked stores the directories w completed.
-func (c *listCache) putWalked(w *treeWalk, done []*walkDir) {
+func (c *Cache) putWalked(w *treeWalk, done []*walkDir) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if w.ended {
@@ -478,13 +477,13 @@ func (c *listCache) putWalked(w *treeWalk, done []*walkDir) {
 
 // endWalk ends w: its listings live on for ListTimeout after its walker's
 // last use.
-func (c *listCache) endWalk(w *treeWalk) {
+func (c *Cache) endWalk(w *treeWalk) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.endWalkLocked(w)
 }
 
-func (c *listCache) endWalkLocked(w *treeWalk) {
+func (c *Cache) endWalkLocked(w *treeWalk) {
 	if w.ended {
 		return
 	}
@@ -501,7 +500,7 @@ func (c *listCache) endWalkLocked(w *treeWalk) {
 }
 
 // walkCoveringLocked returns the walk in progress whose tree holds dir.
-func (c *listCache) walkCoveringLocked(dir string) *treeWalk {
+func (c *Cache) walkCoveringLocked(dir string) *treeWalk {
 	for _, w := range c.walks {
 		if !w.ended && w.covers(dir) {
 			return w
@@ -510,13 +509,13 @@ func (c *listCache) walkCoveringLocked(dir string) *treeWalk {
 	return nil
 }
 
-// awaitWalk waits, when a walk in progress covers dir and has not built
+// AwaitWalk waits, when a walk in progress covers dir and has not built
 // its listing yet, until it has: while the walk's listing is inside dir
 // (dir's names are coming), and for up to hedge while it has not reached
 // dir. It does not wait for an ended walk, or one paused at WalkAhead
 // names ahead of its walkers even after this one's use, or once dir's names
 // the walk holds make a page (the pass then streams them itself).
-func (c *listCache) awaitWalk(dir string) {
+func (c *Cache) AwaitWalk(dir string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	w := c.walkCoveringLocked(dir)
@@ -535,7 +534,7 @@ func (c *listCache) awaitWalk(dir string) {
 		if w.ended || w.ahead+w.building > c.walkAheadLimit() {
 			return // paused: ahead of its walkers by all it may be
 		}
-		if d := w.dirs[dir]; d != nil && len(d.entries) >= listPage {
+		if d := w.dirs[dir]; d != nil && len(d.entries) >= FullPage {
 			return
 		}
 		inside := strings.HasPrefix(w.last, p)
@@ -550,7 +549,7 @@ func (c *listCache) awaitWalk(dir string) {
 // usedLocked records that the walker opened or looked up in l, a listing
 // a walk built: the walk goes on while it is used, and a listing opened no
 // longer counts as ahead of the walker.
-func (c *listCache) usedLocked(l *listing) {
+func (c *Cache) usedLocked(l *listing) {
 	w := l.walk
 	if w == nil {
 		return
@@ -565,4 +564,17 @@ func (c *listCache) usedLocked(l *listing) {
 		default:
 		}
 	}
+}
+
+// Walks counts the tree walks in progress, and those of them paused ahead
+// of their walkers (walkMayGoOn).
+func (c *Cache) Walks() (running, paused int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, w := range c.walks {
+		if w.paused {
+			paused++
+		}
+	}
+	return len(c.walks), paused
 }
