@@ -22,6 +22,12 @@ var (
 
 type lockedBuffer = storetest.LogBuffer
 
+// Test data and blobs (storetest).
+var (
+	pattern = storetest.Pattern
+	putBlob = storetest.PutBlob
+)
+
 // mountStore mounts a fresh blobfs over store in a temporary directory and
 // unmounts it when the test ends.
 func mountStore(t testing.TB, store blobstore.Store, opts Options) (string, *FS) {
@@ -89,13 +95,6 @@ func blobContent(t testing.TB, s blobstore.Store, name string) []byte {
 		t.Fatalf("read blob %q: %v", name, err)
 	}
 	return buf[:n]
-}
-
-func putBlob(t testing.TB, s blobstore.Store, name string, data []byte, md map[string]string) {
-	t.Helper()
-	if _, err := s.Put(context.Background(), name, data, blobstore.PutOptions{Metadata: md}); err != nil {
-		t.Fatalf("put %q: %v", name, err)
-	}
 }
 
 func mustWrite(t testing.TB, path string, data []byte) {

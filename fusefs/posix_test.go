@@ -97,14 +97,6 @@ func wantErrno(t *testing.T, err error, want syscall.Errno) {
 	}
 }
 
-func pattern(n int, seed byte) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i*7) + seed
-	}
-	return b
-}
-
 // checkWriteOnlySeenByOpenReader: a write through a write-only handle
 // (which bypasses the kernel's page cache) is seen by a reader that had
 // the file open, and cached, before it.

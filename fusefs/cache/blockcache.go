@@ -619,21 +619,12 @@ func (c *BlockCache) reserveLocked(n int64, demand bool) ([]byte, bool) {
 			c.addUsedLocked(n)
 			return nil, true
 		}
-		if k := len(c.free); k > 0 {
-			// Room is held by a full-size buffer this smaller one
+		if c.dropFreeLocked() > 0 {
+			// Room was held by a full-size buffer this smaller one
 			// does not need.
-			c.dropBufLocked(c.free[k-1])
-			c.free = c.free[:k-1]
 			continue
 		}
-		b := c.evictLocked(c.passed)
-		if b == nil {
-			b = c.evictLocked(c.lru)
-		}
-		if b == nil && demand {
-			b = c.evictLocked(c.ahead)
-		}
-		if b != nil {
+		if b := c.evictOldestLocked(demand); b != nil {
 			if int64(cap(b.buf)) == n {
 				return b.buf[:n], true
 			}
@@ -792,16 +783,11 @@ func (c *BlockCache) Reclaim(n int64) (freed int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for freed < n && c.used > c.minShare() {
-		if k := len(c.free); k > 0 {
-			freed += int64(cap(c.free[k-1]))
-			c.dropBufLocked(c.free[k-1])
-			c.free = c.free[:k-1]
+		if d := c.dropFreeLocked(); d > 0 {
+			freed += d
 			continue
 		}
-		b := c.evictLocked(c.passed)
-		if b == nil {
-			b = c.evictLocked(c.lru)
-		}
+		b := c.evictOldestLocked(false)
 		if b == nil {
 			break
 		}
@@ -809,4 +795,31 @@ func (c *BlockCache) Reclaim(n int64) (freed int64) {
 		c.dropBufLocked(b.buf)
 	}
 	return freed
+}
+
+// dropFreeLocked drops the last free buffer, if there is one, and says how
+// many bytes it held.
+func (c *BlockCache) dropFreeLocked() int64 {
+	k := len(c.free)
+	if k == 0 {
+		return 0
+	}
+	n := int64(cap(c.free[k-1]))
+	c.dropBufLocked(c.free[k-1])
+	c.free = c.free[:k-1]
+	return n
+}
+
+// evictOldestLocked evicts the block that goes first: the one a stream
+// passed longest ago, else the least recently read, else, only for a
+// reader waiting (demand), the oldest read-ahead nobody read yet.
+func (c *BlockCache) evictOldestLocked(demand bool) *block {
+	b := c.evictLocked(c.passed)
+	if b == nil {
+		b = c.evictLocked(c.lru)
+	}
+	if b == nil && demand {
+		b = c.evictLocked(c.ahead)
+	}
+	return b
 }

@@ -25,10 +25,10 @@ func TestBlockCacheSmallBlocksByBytes(t *testing.T) {
 	mem := blobstore.NewMemory()
 	const bs = 1 << 20
 	big := bytes.Repeat([]byte("b"), 3*bs)
-	putBlob(t, mem, "big", big, nil)
+	storetest.PutBlob(t, mem, "big", big, nil)
 	const files = 400
 	for i := range files {
-		putBlob(t, mem, fmt.Sprintf("s%03d", i), bytes.Repeat([]byte{byte(i)}, 4096), nil)
+		storetest.PutBlob(t, mem, fmt.Sprintf("s%03d", i), bytes.Repeat([]byte{byte(i)}, 4096), nil)
 	}
 	c := NewBlockCache(&Sources{Store: mem}, bs, 2*bs, 4)
 	read := func(name string, size int64) {
@@ -79,7 +79,7 @@ func TestBlockCacheCloseUnmapsBuffers(t *testing.T) {
 	for i := range data {
 		data[i] = byte(i * 7)
 	}
-	putBlob(t, mem, "f", data, nil)
+	storetest.PutBlob(t, mem, "f", data, nil)
 	a, err := mem.Stat(ctx, "f")
 	if err != nil {
 		t.Fatal(err)
@@ -135,9 +135,9 @@ func TestBlockCachePassedBlocksGoFirst(t *testing.T) {
 	ctx := context.Background()
 	mem := blobstore.NewMemory()
 	const bs = 64 << 10
-	putBlob(t, mem, "hot", pattern(bs, 1), nil)
-	big := pattern(16*bs, 2)
-	putBlob(t, mem, "big", big, nil)
+	storetest.PutBlob(t, mem, "hot", storetest.Pattern(bs, 1), nil)
+	big := storetest.Pattern(16*bs, 2)
+	storetest.PutBlob(t, mem, "big", big, nil)
 	hot, err := mem.Stat(ctx, "hot")
 	if err != nil {
 		t.Fatal(err)
@@ -302,7 +302,7 @@ func cacheFiles(t *testing.T, c *DiskCache) []string {
 func TestDiskCacheUnits(t *testing.T) {
 	c := openDiskCache(t, 1<<30)
 	size := int64(3*diskUnit + 100)
-	data := pattern(int(size), 3)
+	data := storetest.Pattern(int(size), 3)
 	buf := make([]byte, 2*diskUnit)
 
 	// Half a unit covers none: nothing kept, nothing served.
@@ -361,7 +361,7 @@ func TestDiskCacheUnits(t *testing.T) {
 func TestDiskCacheEviction(t *testing.T) {
 	const blob = 4 * diskUnit
 	c := openDiskCache(t, 3*blob)
-	data := pattern(blob, 5)
+	data := storetest.Pattern(blob, 5)
 	put := func(name string) { c.store("ns", name, `"e"`, blob, data, 0) }
 	has := func(name string) bool {
 		_, ok := c.read("ns", name, `"e"`, blob, make([]byte, 1), 0)
@@ -393,7 +393,7 @@ func TestDiskCacheEviction(t *testing.T) {
 		t.Errorf("used %d over capacity %d", used, capacity)
 	}
 	// A blob larger than the whole cache is not kept.
-	big := pattern(4*blob, 1)
+	big := storetest.Pattern(4*blob, 1)
 	c.store("ns", "big", `"e"`, int64(len(big)), big, 0)
 	if _, ok := c.read("ns", "big", `"e"`, int64(len(big)), make([]byte, 1), 0); ok {
 		t.Error("a blob larger than the cache was kept")
@@ -618,7 +618,7 @@ func TestMemoryBudgetSharedByCaches(t *testing.T) {
 	const bs = 1 << 20
 	const caches, blobSize = 12, 24 * bs
 	for i := range caches {
-		putBlob(t, mem, fmt.Sprintf("b%02d", i), pattern(blobSize, byte(i)), nil)
+		storetest.PutBlob(t, mem, fmt.Sprintf("b%02d", i), storetest.Pattern(blobSize, byte(i)), nil)
 	}
 	base, _, _ := memory.Use() // caches of other tests, never closed
 	const budget = 32 * bs     // three quarters for reads: 24 blocks
@@ -661,7 +661,7 @@ func TestMemoryBudgetSharedByCaches(t *testing.T) {
 				errs <- err
 				return
 			}
-			want := pattern(blobSize, byte(i))
+			want := storetest.Pattern(blobSize, byte(i))
 			buf := make([]byte, 256<<10)
 			for pass := range 2 {
 				for off := int64(0); off < blobSize; off += int64(len(buf)) {
@@ -716,29 +716,13 @@ func TestMemoryBudgetSharedByCaches(t *testing.T) {
 	}
 }
 
-func putBlob(t testing.TB, s blobstore.Store, name string, data []byte, md map[string]string) {
-	t.Helper()
-	if _, err := s.Put(context.Background(), name, data, blobstore.PutOptions{Metadata: md}); err != nil {
-		t.Fatalf("put %q: %v", name, err)
-	}
-}
-
-// pattern is n bytes that differ from one seed to the next.
-func pattern(n int, seed byte) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i*7) + seed
-	}
-	return b
-}
-
 // storedBlob puts a blob "f" of size patterned bytes in a fresh in-memory
 // store and returns the store, the bytes and the blob's attributes.
 func storedBlob(t *testing.T, size int, seed byte) (*blobstore.Memory, []byte, blobstore.Attrs) {
 	t.Helper()
 	mem := blobstore.NewMemory()
-	data := pattern(size, seed)
-	putBlob(t, mem, "f", data, nil)
+	data := storetest.Pattern(size, seed)
+	storetest.PutBlob(t, mem, "f", data, nil)
 	a, err := mem.Stat(context.Background(), "f")
 	if err != nil {
 		t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 // a fetch in flight that covers the prefix's end, and gives the pass up
 // when none does; a fetch of the first bytes starts a new pass.
 func TestSumChecksOrder(t *testing.T) {
-	data := pattern(300, 9)
+	data := storetest.Pattern(300, 9)
 	sum := Sum(md5.Sum(data))
 	s := NewChecks(storetest.Logger(t), nil)
 	if err := s.Expect("a", "e1", 300, sum, true); err != nil {
@@ -143,7 +143,7 @@ func TestVersionSet(t *testing.T) {
 // until hashed, and the one that lands last, whatever its offset, waits for
 // the verdict and carries it. Every pin goes once the verdict is in.
 func TestSumChecksHeld(t *testing.T) {
-	data := pattern(400, 9)
+	data := storetest.Pattern(400, 9)
 	bad := slices.Clone(data)
 	bad[10]++
 	sum := Sum(md5.Sum(data))
@@ -197,7 +197,7 @@ func TestSumChecksHeld(t *testing.T) {
 // done with it, and a new pass started meanwhile gets its own hash.
 func TestSumChecksHashOutsideLock(t *testing.T) {
 	gate := gateHashes(t)
-	data := pattern(400, 3)
+	data := storetest.Pattern(400, 3)
 	sum := Sum(md5.Sum(data))
 	s := NewChecks(storetest.Logger(t), nil)
 	if err := s.Expect("a", "e", 400, sum, true); err != nil {
@@ -265,7 +265,7 @@ func TestSumChecksHashOutsideLock(t *testing.T) {
 // byte without an error.)
 func TestSumChecksSecondFetchWaits(t *testing.T) {
 	gate := gateHashes(t)
-	data := pattern(300, 5)
+	data := storetest.Pattern(300, 5)
 	bad := slices.Clone(data)
 	bad[250]++
 	sum := Sum(md5.Sum(data))
@@ -313,7 +313,7 @@ func TestSumChecksSecondFetchWaits(t *testing.T) {
 // a range's fetch: every mismatch fails one.
 func TestSumChecksRandomOrder(t *testing.T) {
 	const size, n = 1000, 10
-	data := pattern(size, 7)
+	data := storetest.Pattern(size, 7)
 	sum := Sum(md5.Sum(data))
 	for iter := range 300 {
 		rng := rand.New(rand.NewPCG(uint64(iter), 1))
@@ -465,13 +465,4 @@ func (p *pinCount) held() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.n
-}
-
-// pattern is n bytes that differ from one seed to the next.
-func pattern(n int, seed byte) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i*7) + seed
-	}
-	return b
 }

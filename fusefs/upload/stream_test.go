@@ -9,19 +9,12 @@ import (
 	"testing"
 
 	"github.com/blobfs/blobfs/blobstore"
+	"github.com/blobfs/blobfs/blobstore/storetest"
 	"github.com/blobfs/blobfs/fusefs/memory"
 )
 
 func newUploader(store blobstore.Store, bs int64) *Uploader {
 	return &Uploader{Store: store, BlockSize: bs, Buffers: memory.NewUploads(4, bs), Ctx: context.Background(), Log: slog.New(slog.DiscardHandler)}
-}
-
-func pattern(n int, seed byte) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i*7) + seed
-	}
-	return b
 }
 
 // TestStreamCommitThenCarryOn: a stream stages a file's full blocks as they
@@ -33,7 +26,7 @@ func TestStreamCommitThenCarryOn(t *testing.T) {
 	ctx := context.Background()
 	mem := blobstore.NewMemory()
 	u := newUploader(mem, bs)
-	data := pattern(3*bs+bs/2, 1) // three full blocks and a tail of half a block
+	data := storetest.Pattern(3*bs+bs/2, 1) // three full blocks and a tail of half a block
 	st := u.NewStream("f")
 	if err := st.StageFull(bytes.NewReader(data), int64(len(data))); err != nil {
 		t.Fatal(err)
@@ -63,7 +56,7 @@ func TestStreamCommitThenCarryOn(t *testing.T) {
 	if next.Next() != int64(len(data)) || next.Reused() != int64(len(data)) {
 		t.Fatalf("carried on from %d reusing %d, want the whole file %d (its tail holds at least bs/%d)", next.Next(), next.Reused(), len(data), KeptTailDivisor)
 	}
-	more := append(data, pattern(bs, 2)...)
+	more := append(data, storetest.Pattern(bs, 2)...)
 	if _, err := next.Commit(ctx, bytes.NewReader(more), int64(len(more)), blobstore.PutOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -78,14 +71,14 @@ func TestStreamCommitThenCarryOn(t *testing.T) {
 func TestHashResume(t *testing.T) {
 	h := NewHash()
 	h.keepStates = true
-	a, b := pattern(1000, 1), pattern(500, 2)
+	a, b := storetest.Pattern(1000, 1), storetest.Pattern(500, 2)
 	h.Add(0, a)
 	h.Add(1000, b)
 	r, ok := h.resumeAt(1000)
 	if !ok {
 		t.Fatal("no state kept at 1000, where a block ended")
 	}
-	c := pattern(300, 3)
+	c := storetest.Pattern(300, 3)
 	r.Add(1000, c)
 	want := md5.Sum(append(append([]byte(nil), a...), c...))
 	if got := r.Sum(1300); !bytes.Equal(got, want[:]) {
