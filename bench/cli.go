@@ -2,6 +2,8 @@ package bench
 
 import (
 	"errors"
+	"flag"
+	"fmt"
 	"io"
 	"os"
 )
@@ -32,4 +34,28 @@ func WriteReport(markdown func(io.Writer) error, out string) error {
 	}
 	err = markdown(io.MultiWriter(os.Stdout, f))
 	return errors.Join(err, f.Close())
+}
+
+// ParseFlags parses a benchmark command's arguments into its config C and
+// options O. It parses twice: first to learn whether -quick (isQuick) picks
+// the other set of defaults (defaults), then for real over those, with
+// Azurite's endpoint and key from the environment (azurite) in between, so
+// that any flag given still wins. Arguments that are not flags are an
+// error.
+func ParseFlags[C, O any](args []string, defaults func(quick bool) C, newFlags func(*C, *O) *flag.FlagSet, isQuick func(*O) bool, azurite func(*C)) (C, O, error) {
+	var o O
+	c := defaults(false)
+	if err := newFlags(&c, &o).Parse(args); err != nil {
+		return c, o, err
+	}
+	c, o = defaults(isQuick(&o)), *new(O)
+	azurite(&c)
+	fl := newFlags(&c, &o)
+	if err := fl.Parse(args); err != nil {
+		return c, o, err
+	}
+	if fl.NArg() > 0 {
+		return c, o, fmt.Errorf("unexpected arguments %q", fl.Args())
+	}
+	return c, o, nil
 }

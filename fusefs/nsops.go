@@ -69,53 +69,99 @@ func (fs *FS) forgetName(dir *node, dirPath, name string, intent uint64) {
 }
 
 func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
-	dir, dirPath, st := fs.node(in.NodeId)
+	c, st := fs.newName(&in.InHeader, "mkdir", name)
 	if !st.Ok() {
-		return st
-	}
-	if fs.opts.ReadOnly {
-		return fuse.EROFS
-	}
-	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
 		return st
 	}
 	ctx, cf := fs.reqContext()
 	defer cf()
-	fs.crashPoint("mkdir", "begin", name)
-	resent, isResent := fs.resentIntent(&in.InHeader, dir.id, 0, name, "")
-	path := meta.JoinPath(dirPath, name)
-	if _, err := fs.resolve(ctx, dir, dirPath, name); err == nil {
-		if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, meta.KindDir, out) {
+	c.begin()
+	if _, err := fs.resolve(ctx, c.dir, c.dirPath, name); err == nil {
+		if c.isResent && fs.resentMade(ctx, c.resent, c.dir, c.dirPath, name, meta.KindDir, out) {
 			return fuse.OK
 		}
 		return fuse.Status(syscall.EEXIST)
 	} else if !errors.Is(err, blobstore.ErrNotFound) {
 		return toStatus(err)
 	}
-	intent := fs.beginIntent(&in.InHeader, dir.id, 0, name, "")
+	st = fs.makeName(ctx, c, meta.KindDir, in.Mode, 0, folderMeta, nil, out, func(a blobstore.Attrs, md map[string]string, attrs meta.Posix) meta.Entry {
+		return meta.Entry{Kind: meta.KindDir, Mtime: a.ModTime, Attrs: attrs}
+	})
+	if st.Ok() {
+		// The new directory is known to be empty: lookups in it need
+		// no request.
+		fs.lists.Put(meta.JoinPath(c.dirPath, name), map[string]*meta.Entry{})
+		fs.crashPoint("mkdir", "reply", name)
+	}
+	return st
+}
+
+// A naming is a request that makes a new name (Mkdir, Mknod, Symlink),
+// checked: the directory, the name, and what a resent request's first run
+// journaled.
+type naming struct {
+	fs       *FS
+	op       string // "mkdir", "mknod", "symlink": the crash points' names
+	h        *fuse.InHeader
+	dir      *node
+	dirPath  string
+	name     string
+	resent   journal.Intent
+	isResent bool
+}
+
+// newName checks a request that makes name in the directory it names: the
+// directory exists, the mount is writable, and name may be made there
+// (checkNew).
+func (fs *FS) newName(h *fuse.InHeader, op, name string) (*naming, fuse.Status) {
+	dir, dirPath, st := fs.node(h.NodeId)
+	if !st.Ok() {
+		return nil, st
+	}
+	if fs.opts.ReadOnly {
+		return nil, fuse.EROFS
+	}
+	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
+		return nil, st
+	}
+	return &naming{fs: fs, op: op, h: h, dir: dir, dirPath: dirPath, name: name}, fuse.OK
+}
+
+// begin marks the request begun (a crash point) and finds what its first
+// run journaled, if it is resent.
+func (c *naming) begin() {
+	c.fs.crashPoint(c.op, "begin", c.name)
+	c.resent, c.isResent = c.fs.resentIntent(c.h, c.dir.id, 0, c.name, "")
+}
+
+// makeName writes the blob of a new name of kind (metadata base, content)
+// exactly once across a restart, and answers with the new child, whose
+// entry made builds from the blob written. The intent is journaled before
+// the Put. A Put that finds the name taken is this request's own first
+// run when it is resent and that run journaled it (resentMade): its Put
+// may reach the store after its process died, while this one looked.
+// Otherwise it answers the store's error (EEXIST).
+func (fs *FS) makeName(ctx context.Context, c *naming, kind meta.Kind, mode, rdev uint32, base map[string]string, content []byte, out *fuse.EntryOut,
+	made func(a blobstore.Attrs, md map[string]string, attrs meta.Posix) meta.Entry) fuse.Status {
+	intent := fs.beginIntent(c.h, c.dir.id, 0, c.name, "")
 	fs.mu.Lock()
-	attrs := fs.newAttrsLocked(dir, in.Caller.Uid, in.Caller.Gid, in.Mode, meta.KindDir, time.Now())
+	attrs := fs.newAttrsLocked(c.dir, c.h.Caller.Uid, c.h.Caller.Gid, mode, kind, time.Now())
 	fs.mu.Unlock()
-	md := fs.newMeta(folderMeta, meta.KindDir, attrs)
-	a, err := fs.putNew(ctx, path, nil, md)
+	attrs.Rdev = rdev
+	md := fs.newMeta(base, kind, attrs)
+	a, err := fs.putNew(ctx, meta.JoinPath(c.dirPath, c.name), content, md)
 	if err != nil {
-		// The first run's Put may reach the store after its process
-		// died, while this one looked: the marker is then ours.
 		if errors.Is(err, blobstore.ErrAlreadyExists) {
-			fs.foundInStore(dirPath, name)
-			if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, meta.KindDir, out) {
+			fs.foundInStore(c.dirPath, c.name)
+			if c.isResent && fs.resentMade(ctx, c.resent, c.dir, c.dirPath, c.name, kind, out) {
 				return fuse.OK
 			}
 		}
 		fs.dropIntent(intent)
 		return toStatus(err)
 	}
-	fs.crashPoint("mkdir", "store", name)
-	e := meta.Entry{Kind: meta.KindDir, Mtime: a.ModTime, Attrs: attrs}
-	fs.newChild(dir, dirPath, name, e, out, intent)
-	// The new directory is known to be empty: lookups in it need no request.
-	fs.lists.Put(path, map[string]*meta.Entry{})
-	fs.crashPoint("mkdir", "reply", name)
+	fs.crashPoint(c.op, "store", c.name)
+	fs.newChild(c.dir, c.dirPath, c.name, made(a, md, attrs), out, intent)
 	return fuse.OK
 }
 
@@ -136,10 +182,6 @@ func (fs *FS) foundInStore(dirPath, name string) {
 // zero-length blob whose mode says what it is (the kernel serves FIFOs and
 // sockets itself; device nodes are not opened, the mount is nodev).
 func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
-	dir, dirPath, st := fs.node(in.NodeId)
-	if !st.Ok() {
-		return st
-	}
 	if fs.opts.ReadOnly {
 		return fuse.EROFS
 	}
@@ -154,73 +196,40 @@ func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.
 	default:
 		return fuse.EINVAL
 	}
-	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
-		return st
-	}
-	ctx, cf := fs.reqContext()
-	defer cf()
-	fs.crashPoint("mknod", "begin", name)
-	resent, isResent := fs.resentIntent(&in.InHeader, dir.id, 0, name, "")
-	intent := fs.beginIntent(&in.InHeader, dir.id, 0, name, "")
-	fs.mu.Lock()
-	attrs := fs.newAttrsLocked(dir, in.Caller.Uid, in.Caller.Gid, in.Mode, kind, time.Now())
-	fs.mu.Unlock()
-	attrs.Rdev = in.Rdev
-	md := fs.newMeta(nil, kind, attrs)
-	a, err := fs.putNew(ctx, meta.JoinPath(dirPath, name), nil, md)
-	if err != nil {
-		if errors.Is(err, blobstore.ErrAlreadyExists) {
-			fs.foundInStore(dirPath, name)
-			if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, kind, out) {
-				return fuse.OK
-			}
-		}
-		fs.dropIntent(intent)
-		return toStatus(err)
-	}
-	fs.crashPoint("mknod", "store", name)
-	fs.newChild(dir, dirPath, name, meta.MadeEntry(a, md), out, intent)
-	fs.crashPoint("mknod", "reply", name)
-	return fuse.OK
-}
-
-func (fs *FS) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name string, out *fuse.EntryOut) fuse.Status {
-	dir, dirPath, st := fs.node(h.NodeId)
+	c, st := fs.newName(&in.InHeader, "mknod", name)
 	if !st.Ok() {
 		return st
 	}
-	if fs.opts.ReadOnly {
-		return fuse.EROFS
+	ctx, cf := fs.reqContext()
+	defer cf()
+	c.begin()
+	st = fs.makeName(ctx, c, kind, in.Mode, in.Rdev, nil, nil, out, func(a blobstore.Attrs, md map[string]string, _ meta.Posix) meta.Entry {
+		return meta.MadeEntry(a, md)
+	})
+	if st.Ok() {
+		fs.crashPoint("mknod", "reply", name)
 	}
-	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
+	return st
+}
+
+func (fs *FS) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name string, out *fuse.EntryOut) fuse.Status {
+	c, st := fs.newName(h, "symlink", name)
+	if !st.Ok() {
 		return st
 	}
 	ctx, cf := fs.reqContext()
 	defer cf()
-	fs.crashPoint("symlink", "begin", name)
-	resent, isResent := fs.resentIntent(h, dir.id, 0, name, "")
-	intent := fs.beginIntent(h, dir.id, 0, name, "")
-	fs.mu.Lock()
-	attrs := fs.newAttrsLocked(dir, h.Caller.Uid, h.Caller.Gid, 0o777, meta.KindSymlink, time.Now())
-	fs.mu.Unlock()
-	md := fs.newMeta(map[string]string{blobstore.MetaIsSymlink: "true"}, meta.KindSymlink, attrs)
-	a, err := fs.putNew(ctx, meta.JoinPath(dirPath, name), []byte(target), md)
-	if err != nil {
-		if errors.Is(err, blobstore.ErrAlreadyExists) {
-			fs.foundInStore(dirPath, name)
-			if isResent && fs.resentMade(ctx, resent, dir, dirPath, name, meta.KindSymlink, out) {
-				return fuse.OK
-			}
-		}
-		fs.dropIntent(intent)
-		return toStatus(err)
+	c.begin()
+	st = fs.makeName(ctx, c, meta.KindSymlink, 0o777, 0, map[string]string{blobstore.MetaIsSymlink: "true"}, []byte(target), out,
+		func(a blobstore.Attrs, md map[string]string, _ meta.Posix) meta.Entry {
+			e := meta.MadeEntry(a, md)
+			e.Target = target
+			return e
+		})
+	if st.Ok() {
+		fs.crashPoint("symlink", "reply", name)
 	}
-	fs.crashPoint("symlink", "store", name)
-	e := meta.MadeEntry(a, md)
-	e.Target = target
-	fs.newChild(dir, dirPath, name, e, out, intent)
-	fs.crashPoint("symlink", "reply", name)
-	return fuse.OK
+	return st
 }
 
 func (fs *FS) Readlink(_ <-chan struct{}, h *fuse.InHeader) ([]byte, fuse.Status) {

@@ -101,25 +101,14 @@ func newFlags(c *bench.Config, o *options) *flag.FlagSet {
 }
 
 func run(args []string) error {
-	// Parse twice: first to learn whether -quick picks the other set of
-	// defaults, then for real on top of those defaults.
-	var o options
-	c := bench.DefaultConfig()
-	if err := newFlags(&c, &o).Parse(args); err != nil {
+	c, o, err := bench.ParseFlags(args, func(quick bool) bench.Config {
+		if quick {
+			return bench.QuickConfig()
+		}
+		return bench.DefaultConfig()
+	}, newFlags, func(o *options) bool { return o.quick }, func(c *bench.Config) { bench.AzuriteFromEnv(&c.Endpoint, &c.Key) })
+	if err != nil {
 		return err
-	}
-	if o.quick {
-		c, o = bench.QuickConfig(), options{}
-	} else {
-		c, o = bench.DefaultConfig(), options{}
-	}
-	bench.AzuriteFromEnv(&c.Endpoint, &c.Key)
-	fl := newFlags(&c, &o)
-	if err := fl.Parse(args); err != nil {
-		return err
-	}
-	if fl.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fl.Args())
 	}
 	figs, err := bench.ParseFigures(o.figures)
 	if err != nil {

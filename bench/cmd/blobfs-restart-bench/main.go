@@ -71,25 +71,14 @@ func newFlags(c *bench.RestartConfig, o *options) *flag.FlagSet {
 }
 
 func run(args []string) error {
-	// Parse twice: -quick picks the other set of defaults, which the
-	// other flags then change.
-	var o options
-	c := bench.DefaultRestartConfig()
-	if err := newFlags(&c, &o).Parse(args); err != nil {
+	c, o, err := bench.ParseFlags(args, func(quick bool) bench.RestartConfig {
+		if quick {
+			return bench.QuickRestartConfig()
+		}
+		return bench.DefaultRestartConfig()
+	}, newFlags, func(o *options) bool { return o.quick }, func(c *bench.RestartConfig) { bench.AzuriteFromEnv(&c.Endpoint, &c.Key) })
+	if err != nil {
 		return err
-	}
-	if o.quick {
-		c, o = bench.QuickRestartConfig(), options{}
-	} else {
-		c, o = bench.DefaultRestartConfig(), options{}
-	}
-	bench.AzuriteFromEnv(&c.Endpoint, &c.Key)
-	fl := newFlags(&c, &o)
-	if err := fl.Parse(args); err != nil {
-		return err
-	}
-	if fl.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fl.Args())
 	}
 	mounts, err := parseInts(o.mounts)
 	if err != nil {
