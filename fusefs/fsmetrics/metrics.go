@@ -298,6 +298,14 @@ type instrumentedFS struct {
 
 var _ fuse.RawFileSystem = instrumentedFS{}
 
+// count runs one operation, and counts and times it as op.
+func (f instrumentedFS) count(op string, call func() fuse.Status) fuse.Status {
+	start := time.Now()
+	st := call()
+	f.done(op, start, st)
+	return st
+}
+
 func (f instrumentedFS) done(op string, start time.Time, st fuse.Status) {
 	res := "ok"
 	if st != fuse.OK {
@@ -311,87 +319,53 @@ func (f instrumentedFS) done(op string, start time.Time, st fuse.Status) {
 }
 
 func (f instrumentedFS) Lookup(c <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
-	t := time.Now()
-	st := f.FS.Lookup(c, h, name, out)
-	f.done("lookup", t, st)
-	return st
+	return f.count("lookup", func() fuse.Status { return f.FS.Lookup(c, h, name, out) })
 }
 
 func (f instrumentedFS) GetAttr(c <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
-	t := time.Now()
-	st := f.FS.GetAttr(c, in, out)
-	f.done("getattr", t, st)
-	return st
+	return f.count("getattr", func() fuse.Status { return f.FS.GetAttr(c, in, out) })
 }
 
 func (f instrumentedFS) SetAttr(c <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) fuse.Status {
-	t := time.Now()
-	st := f.FS.SetAttr(c, in, out)
-	f.done("setattr", t, st)
-	return st
+	return f.count("setattr", func() fuse.Status { return f.FS.SetAttr(c, in, out) })
 }
 
 func (f instrumentedFS) Mknod(c <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
-	t := time.Now()
-	st := f.FS.Mknod(c, in, name, out)
-	f.done("mknod", t, st)
-	return st
+	return f.count("mknod", func() fuse.Status { return f.FS.Mknod(c, in, name, out) })
 }
 
 func (f instrumentedFS) Mkdir(c <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
-	t := time.Now()
-	st := f.FS.Mkdir(c, in, name, out)
-	f.done("mkdir", t, st)
-	return st
+	return f.count("mkdir", func() fuse.Status { return f.FS.Mkdir(c, in, name, out) })
 }
 
 func (f instrumentedFS) Unlink(c <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
-	t := time.Now()
-	st := f.FS.Unlink(c, h, name)
-	f.done("unlink", t, st)
-	return st
+	return f.count("unlink", func() fuse.Status { return f.FS.Unlink(c, h, name) })
 }
 
 func (f instrumentedFS) Rmdir(c <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
-	t := time.Now()
-	st := f.FS.Rmdir(c, h, name)
-	f.done("rmdir", t, st)
-	return st
+	return f.count("rmdir", func() fuse.Status { return f.FS.Rmdir(c, h, name) })
 }
 
 func (f instrumentedFS) Rename(c <-chan struct{}, in *fuse.RenameIn, oldName, newName string) fuse.Status {
-	t := time.Now()
-	st := f.FS.Rename(c, in, oldName, newName)
-	f.done("rename", t, st)
-	return st
+	return f.count("rename", func() fuse.Status { return f.FS.Rename(c, in, oldName, newName) })
 }
 
 func (f instrumentedFS) Symlink(c <-chan struct{}, h *fuse.InHeader, target, name string, out *fuse.EntryOut) fuse.Status {
-	t := time.Now()
-	st := f.FS.Symlink(c, h, target, name, out)
-	f.done("symlink", t, st)
-	return st
+	return f.count("symlink", func() fuse.Status { return f.FS.Symlink(c, h, target, name, out) })
 }
 
 func (f instrumentedFS) Readlink(c <-chan struct{}, h *fuse.InHeader) ([]byte, fuse.Status) {
-	t := time.Now()
-	b, st := f.FS.Readlink(c, h)
-	f.done("readlink", t, st)
+	var b []byte
+	st := f.count("readlink", func() (st fuse.Status) { b, st = f.FS.Readlink(c, h); return st })
 	return b, st
 }
 
 func (f instrumentedFS) Create(c <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
-	t := time.Now()
-	st := f.FS.Create(c, in, name, out)
-	f.done("create", t, st)
-	return st
+	return f.count("create", func() fuse.Status { return f.FS.Create(c, in, name, out) })
 }
 
 func (f instrumentedFS) Open(c <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
-	t := time.Now()
-	st := f.FS.Open(c, in, out)
-	f.done("open", t, st)
-	return st
+	return f.count("open", func() fuse.Status { return f.FS.Open(c, in, out) })
 }
 
 func (f instrumentedFS) Read(c <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
@@ -413,17 +387,11 @@ func (f instrumentedFS) Write(c <-chan struct{}, in *fuse.WriteIn, data []byte) 
 }
 
 func (f instrumentedFS) Flush(c <-chan struct{}, in *fuse.FlushIn) fuse.Status {
-	t := time.Now()
-	st := f.FS.Flush(c, in)
-	f.done("flush", t, st)
-	return st
+	return f.count("flush", func() fuse.Status { return f.FS.Flush(c, in) })
 }
 
 func (f instrumentedFS) Fsync(c <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
-	t := time.Now()
-	st := f.FS.Fsync(c, in)
-	f.done("fsync", t, st)
-	return st
+	return f.count("fsync", func() fuse.Status { return f.FS.Fsync(c, in) })
 }
 
 func (f instrumentedFS) Release(c <-chan struct{}, in *fuse.ReleaseIn) {
@@ -433,45 +401,31 @@ func (f instrumentedFS) Release(c <-chan struct{}, in *fuse.ReleaseIn) {
 }
 
 func (f instrumentedFS) OpenDir(c <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
-	t := time.Now()
-	st := f.FS.OpenDir(c, in, out)
-	f.done("opendir", t, st)
-	return st
+	return f.count("opendir", func() fuse.Status { return f.FS.OpenDir(c, in, out) })
 }
 
 func (f instrumentedFS) ReadDir(c <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
-	t := time.Now()
-	st := f.FS.ReadDir(c, in, out)
-	f.done("readdir", t, st)
-	return st
+	return f.count("readdir", func() fuse.Status { return f.FS.ReadDir(c, in, out) })
 }
 
 func (f instrumentedFS) ReadDirPlus(c <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
-	t := time.Now()
-	st := f.FS.ReadDirPlus(c, in, out)
-	f.done("readdirplus", t, st)
-	return st
+	return f.count("readdirplus", func() fuse.Status { return f.FS.ReadDirPlus(c, in, out) })
 }
 
 func (f instrumentedFS) StatFs(c <-chan struct{}, h *fuse.InHeader, out *fuse.StatfsOut) fuse.Status {
-	t := time.Now()
-	st := f.FS.StatFs(c, h, out)
-	f.done("statfs", t, st)
-	return st
+	return f.count("statfs", func() fuse.Status { return f.FS.StatFs(c, h, out) })
 }
 
 // The extended attribute calls are counted too: blobfs answers ENOSYS,
 // after which the kernel sends none; a count that grows shows otherwise.
 func (f instrumentedFS) GetXAttr(c <-chan struct{}, h *fuse.InHeader, attr string, dest []byte) (uint32, fuse.Status) {
-	t := time.Now()
-	n, st := f.FS.GetXAttr(c, h, attr, dest)
-	f.done("getxattr", t, st)
+	var n uint32
+	st := f.count("getxattr", func() (st fuse.Status) { n, st = f.FS.GetXAttr(c, h, attr, dest); return st })
 	return n, st
 }
 
 func (f instrumentedFS) ListXAttr(c <-chan struct{}, h *fuse.InHeader, dest []byte) (uint32, fuse.Status) {
-	t := time.Now()
-	n, st := f.FS.ListXAttr(c, h, dest)
-	f.done("listxattr", t, st)
+	var n uint32
+	st := f.count("listxattr", func() (st fuse.Status) { n, st = f.FS.ListXAttr(c, h, dest); return st })
 	return n, st
 }
