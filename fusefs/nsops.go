@@ -460,40 +460,15 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 	if src.kind == meta.KindDir && strings.HasPrefix(dstPath+"/", srcPath+"/") {
 		return fuse.EINVAL // into itself
 	}
-	// A resent rename whose first run began copying finds the target
-	// (partly) there: the checks below passed before that first run
-	// touched the store, so they are not made again.
-	dst, err := fs.resolve(ctx, dstDir, dstDirPath, newName)
-	switch {
-	case errors.Is(err, blobstore.ErrNotFound):
-		dst = nil
-	case err != nil:
-		return toStatus(err)
-	case isResent && dst.kind == src.kind:
-	case in.Flags&renameNoReplace != 0:
-		return fuse.Status(syscall.EEXIST)
-	case src.kind == meta.KindDir && dst.kind != meta.KindDir:
-		return fuse.ENOTDIR
-	case src.kind != meta.KindDir && dst.kind == meta.KindDir:
-		return fuse.Status(syscall.EISDIR)
-	case dst.kind == meta.KindDir:
-		empty, err := fs.dirEmpty(ctx, dst, dstPath)
-		if err != nil {
-			return toStatus(err)
-		}
-		if !empty {
-			return fuse.Status(syscall.ENOTEMPTY)
-		}
+	dst, st := fs.renameTarget(ctx, src, dstDir, dstDirPath, newName, in.Flags&renameNoReplace != 0, isResent)
+	if !st.Ok() {
+		return st
 	}
-
 	if dst != nil && dst != src && dst.kind != meta.KindDir && !isResent {
 		// A file the rename replaces lives on for its open handles:
 		// its writers must still reach its content once the copy has
 		// replaced the blob (as for unlink).
-		fs.mu.Lock()
-		dof := dst.file
-		fs.mu.Unlock()
-		if dof != nil {
+		if dof := fs.fileOf(dst); dof != nil {
 			if err := dof.keepContent(ctx); err != nil {
 				return toStatus(err)
 			}
@@ -516,10 +491,7 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 	if dst != nil && dst != src {
 		// A file the rename replaced lives on for its open handles,
 		// without a name: nothing of it is uploaded (as for unlink).
-		fs.mu.Lock()
-		dof := dst.file
-		fs.mu.Unlock()
-		if dof != nil {
+		if dof := fs.fileOf(dst); dof != nil {
 			dof.mu.Lock()
 			dof.unlinked = true
 			dof.recordLocked(false)
@@ -543,6 +515,45 @@ func (fs *FS) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newName stri
 	fs.keepDir(ctx, srcDirPath)
 	fs.crashPoint("rename", "reply", oldName)
 	return fuse.OK
+}
+
+// renameTarget resolves what a rename to newName in dstDir replaces (nil:
+// nothing) and checks that src may replace it: not with noReplace, a
+// directory only by a directory, and only an empty one. A resent rename
+// whose first run began copying finds the target (partly) there: the
+// checks passed before that first run touched the store, so they are not
+// made again.
+func (fs *FS) renameTarget(ctx context.Context, src, dstDir *node, dstDirPath, newName string, noReplace, isResent bool) (*node, fuse.Status) {
+	dst, err := fs.resolve(ctx, dstDir, dstDirPath, newName)
+	switch {
+	case errors.Is(err, blobstore.ErrNotFound):
+		return nil, fuse.OK
+	case err != nil:
+		return nil, toStatus(err)
+	case isResent && dst.kind == src.kind:
+	case noReplace:
+		return nil, fuse.Status(syscall.EEXIST)
+	case src.kind == meta.KindDir && dst.kind != meta.KindDir:
+		return nil, fuse.ENOTDIR
+	case src.kind != meta.KindDir && dst.kind == meta.KindDir:
+		return nil, fuse.Status(syscall.EISDIR)
+	case dst.kind == meta.KindDir:
+		empty, err := fs.dirEmpty(ctx, dst, meta.JoinPath(dstDirPath, newName))
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		if !empty {
+			return nil, fuse.Status(syscall.ENOTEMPTY)
+		}
+	}
+	return dst, fuse.OK
+}
+
+// fileOf is n's open file, if it has one.
+func (fs *FS) fileOf(n *node) *openFile {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return n.file
 }
 
 // finishResentRename completes a rename that the first run of a resent
