@@ -712,40 +712,17 @@ func (fs *FS) deleteDirMarker(ctx context.Context, path string) error {
 func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, replaceEmpty, resent bool) error {
 	// Local changes under the tree go to the store first, under the old
 	// names, so that the copies below carry them.
-	fs.mu.Lock()
-	var open []*openFile
-	for _, d := range fs.nodes.descendants(srcPath) {
-		if d.file != nil {
-			open = append(open, d.file)
-		}
-	}
-	fs.mu.Unlock()
-	for _, of := range open {
-		if err := of.commit(ctx); err != nil {
-			return err
-		}
+	if err := fs.commitBelow(ctx, srcPath); err != nil {
+		return err
 	}
 	if replaceEmpty {
 		if err := fs.deleteDirMarker(ctx, dstPath); err != nil {
 			return err
 		}
 	}
-	var names []string
-	listed := map[string]string{} // the sources' ETags, by name
-	opts := blobstore.ListOptions{Prefix: srcPath + "/"}
-	for {
-		page, err := fs.store.List(ctx, opts)
-		if err != nil {
-			return err
-		}
-		for _, b := range page.Blobs {
-			names = append(names, b.Name)
-			listed[b.Name] = b.ETag
-		}
-		if page.NextMarker == "" {
-			break
-		}
-		opts.Marker = page.NextMarker
+	names, listed, err := fs.listBelow(ctx, srcPath)
+	if err != nil {
+		return err
 	}
 	hasMarker := false
 	if _, err := fs.store.Stat(ctx, srcPath); err == nil {
@@ -798,9 +775,60 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	g, gctx = errgroup.WithContext(ctx)
+	if err := fs.deleteAll(ctx, append(names, srcPath)); err != nil {
+		return err
+	}
+	fs.lists.InvalidateTree(srcPath)
+	fs.lists.InvalidateTree(dstPath)
+	fs.followMovedTree(srcPath, copied, listed)
+	return nil
+}
+
+// commitBelow commits every open file below dirPath.
+func (fs *FS) commitBelow(ctx context.Context, dirPath string) error {
+	fs.mu.Lock()
+	var open []*openFile
+	for _, d := range fs.nodes.descendants(dirPath) {
+		if d.file != nil {
+			open = append(open, d.file)
+		}
+	}
+	fs.mu.Unlock()
+	for _, of := range open {
+		if err := of.commit(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// listBelow lists every blob below dirPath, flat: their names, and their
+// ETags by name.
+func (fs *FS) listBelow(ctx context.Context, dirPath string) (names []string, etags map[string]string, err error) {
+	etags = map[string]string{}
+	opts := blobstore.ListOptions{Prefix: dirPath + "/"}
+	for {
+		page, err := fs.store.List(ctx, opts)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, b := range page.Blobs {
+			names = append(names, b.Name)
+			etags[b.Name] = b.ETag
+		}
+		if page.NextMarker == "" {
+			return names, etags, nil
+		}
+		opts.Marker = page.NextMarker
+	}
+}
+
+// deleteAll deletes the blobs names, renameConcurrency at a time; a blob
+// already gone is not an error.
+func (fs *FS) deleteAll(ctx context.Context, names []string) error {
+	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(renameConcurrency)
-	for _, name := range append(names, srcPath) {
+	for _, name := range names {
 		g.Go(func() error {
 			if err := fs.store.Delete(gctx, name, blobstore.Conditions{}); err != nil && !errors.Is(err, blobstore.ErrNotFound) {
 				return err
@@ -808,13 +836,15 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return err
-	}
-	fs.lists.InvalidateTree(srcPath)
-	fs.lists.InvalidateTree(dstPath)
-	// Cached attributes of nodes below the old path still describe the
-	// same content; their paths follow the moved directory node.
+	return g.Wait()
+}
+
+// followMovedTree tells the nodes below a directory moved from srcPath
+// that their blobs were copied (copied, by old name; listed holds the
+// sources' ETags): cached attributes still describe the same content,
+// and open files follow their copies. A node not seen copied asks the
+// store again.
+func (fs *FS) followMovedTree(srcPath string, copied map[string]blobstore.Attrs, listed map[string]string) {
 	type follower struct {
 		n      *node
 		of     *openFile
@@ -837,5 +867,4 @@ func (fs *FS) renameDir(ctx context.Context, n *node, srcPath, dstPath string, r
 	for _, f := range followers {
 		fs.followCopy(f.n, f.of, f.copied, f.src)
 	}
-	return nil
 }
