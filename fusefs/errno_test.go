@@ -86,3 +86,32 @@ func TestTruncateTooLargeIsEFBIG(t *testing.T) {
 		}
 	}
 }
+
+// TestMakeNameErrorOrder: the calls that make a name check, in order, the
+// directory (an unknown node id: ESTALE, which makes the kernel look the
+// name up again), the mount's writability, their own arguments, and the
+// name.
+func TestMakeNameErrorOrder(t *testing.T) {
+	fs, err := New(blobstore.NewMemory(), Options{CacheDir: t.TempDir(), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fs.Close()
+	const unknown = 999
+	var out fuse.EntryOut
+	for _, c := range []struct {
+		what string
+		st   fuse.Status
+		want fuse.Status
+	}{
+		{"mknod, unknown directory, bad mode", fs.Mknod(nil, &fuse.MknodIn{InHeader: fuse.InHeader{NodeId: unknown}, Mode: 0o170000}, "x", &out), fuse.Status(syscall.ESTALE)},
+		{"mkdir, unknown directory", fs.Mkdir(nil, &fuse.MkdirIn{InHeader: fuse.InHeader{NodeId: unknown}}, "x", &out), fuse.Status(syscall.ESTALE)},
+		{"symlink, unknown directory", fs.Symlink(nil, &fuse.InHeader{NodeId: unknown}, "t", "x", &out), fuse.Status(syscall.ESTALE)},
+		{"mknod, bad mode, bad name", fs.Mknod(nil, &fuse.MknodIn{InHeader: fuse.InHeader{NodeId: 1}, Mode: 0o170000}, "bad.", &out), fuse.EINVAL},
+		{"mknod, bad name", fs.Mknod(nil, &fuse.MknodIn{InHeader: fuse.InHeader{NodeId: 1}, Mode: syscall.S_IFREG}, "bad.", &out), fuse.EINVAL},
+	} {
+		if c.st != c.want {
+			t.Errorf("%s: %v, want %v", c.what, c.st, c.want)
+		}
+	}
+}

@@ -801,6 +801,9 @@ func TestResentMkdirWhosePutLandsLate(t *testing.T) {
 	close(held.land)
 	<-firstRun
 	first.Close()
+	// Another client writes into the directory before the resend: the
+	// resent mkdir, which made nothing, must not take it for empty.
+	putBlob(t, store, "late/child", []byte("x"), nil)
 
 	var out fuse.EntryOut
 	resent := fuse.InHeader{NodeId: 1, Unique: 60 | resendBit, Opcode: opMkdir}
@@ -812,6 +815,9 @@ func TestResentMkdirWhosePutLandsLate(t *testing.T) {
 	second.mu.Unlock()
 	if n == nil || n.kind != meta.KindDir || n.name != "late" {
 		t.Fatalf("resent mkdir answered node %d (%+v), want the directory late", out.NodeId, n)
+	}
+	if _, found, ok := second.lists.Lookup("late", "child"); ok && !found {
+		t.Fatal("after the resent mkdir, the listing of late says child does not exist: the mkdir took another client's directory for the empty one it makes")
 	}
 }
 

@@ -69,7 +69,7 @@ func (fs *FS) forgetName(dir *node, dirPath, name string, intent uint64) {
 }
 
 func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
-	c, st := fs.newName(&in.InHeader, "mkdir", name)
+	c, st := fs.newName(&in.InHeader, "mkdir", name, nil)
 	if !st.Ok() {
 		return st
 	}
@@ -84,10 +84,10 @@ func (fs *FS) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.
 	} else if !errors.Is(err, blobstore.ErrNotFound) {
 		return toStatus(err)
 	}
-	st = fs.makeName(ctx, c, meta.KindDir, in.Mode, 0, folderMeta, nil, out, func(a blobstore.Attrs, md map[string]string, attrs meta.Posix) meta.Entry {
+	st, made := fs.makeName(ctx, c, meta.KindDir, in.Mode, 0, folderMeta, nil, out, func(a blobstore.Attrs, md map[string]string, attrs meta.Posix) meta.Entry {
 		return meta.Entry{Kind: meta.KindDir, Mtime: a.ModTime, Attrs: attrs}
 	})
-	if st.Ok() {
+	if made {
 		// The new directory is known to be empty: lookups in it need
 		// no request.
 		fs.lists.Put(meta.JoinPath(c.dirPath, name), map[string]*meta.Entry{})
@@ -111,15 +111,21 @@ type naming struct {
 }
 
 // newName checks a request that makes name in the directory it names: the
-// directory exists, the mount is writable, and name may be made there
-// (checkNew).
-func (fs *FS) newName(h *fuse.InHeader, op, name string) (*naming, fuse.Status) {
+// directory exists, the mount is writable, what the operation checks of
+// its own (check, if not nil), and name may be made there (checkNew), in
+// that order.
+func (fs *FS) newName(h *fuse.InHeader, op, name string, check func() fuse.Status) (*naming, fuse.Status) {
 	dir, dirPath, st := fs.node(h.NodeId)
 	if !st.Ok() {
 		return nil, st
 	}
 	if fs.opts.ReadOnly {
 		return nil, fuse.EROFS
+	}
+	if check != nil {
+		if st := check(); !st.Ok() {
+			return nil, st
+		}
 	}
 	if st := fs.checkNew(dir, dirPath, name); !st.Ok() {
 		return nil, st
@@ -136,13 +142,14 @@ func (c *naming) begin() {
 
 // makeName writes the blob of a new name of kind (metadata base, content)
 // exactly once across a restart, and answers with the new child, whose
-// entry made builds from the blob written. The intent is journaled before
-// the Put. A Put that finds the name taken is this request's own first
-// run when it is resent and that run journaled it (resentMade): its Put
-// may reach the store after its process died, while this one looked.
-// Otherwise it answers the store's error (EEXIST).
+// entry entryOf builds from the blob written. The intent is journaled
+// before the Put. A Put that finds the name taken is this request's own
+// first run when it is resent and that run journaled it (resentMade): its
+// Put may reach the store after its process died, while this one looked;
+// the answer is then that run's, and made is false (nothing was made
+// here). Otherwise it answers the store's error (EEXIST).
 func (fs *FS) makeName(ctx context.Context, c *naming, kind meta.Kind, mode, rdev uint32, base map[string]string, content []byte, out *fuse.EntryOut,
-	made func(a blobstore.Attrs, md map[string]string, attrs meta.Posix) meta.Entry) fuse.Status {
+	entryOf func(a blobstore.Attrs, md map[string]string, attrs meta.Posix) meta.Entry) (_ fuse.Status, made bool) {
 	intent := fs.beginIntent(c.h, c.dir.id, 0, c.name, "")
 	fs.mu.Lock()
 	attrs := fs.newAttrsLocked(c.dir, c.h.Caller.Uid, c.h.Caller.Gid, mode, kind, time.Now())
@@ -154,15 +161,15 @@ func (fs *FS) makeName(ctx context.Context, c *naming, kind meta.Kind, mode, rde
 		if errors.Is(err, blobstore.ErrAlreadyExists) {
 			fs.foundInStore(c.dirPath, c.name)
 			if c.isResent && fs.resentMade(ctx, c.resent, c.dir, c.dirPath, c.name, kind, out) {
-				return fuse.OK
+				return fuse.OK, false
 			}
 		}
 		fs.dropIntent(intent)
-		return toStatus(err)
+		return toStatus(err), false
 	}
 	fs.crashPoint(c.op, "store", c.name)
-	fs.newChild(c.dir, c.dirPath, c.name, made(a, md, attrs), out, intent)
-	return fuse.OK
+	fs.newChild(c.dir, c.dirPath, c.name, entryOf(a, md, attrs), out, intent)
+	return fuse.OK, true
 }
 
 // foundInStore is told that name exists in the store after all (a
@@ -182,51 +189,50 @@ func (fs *FS) foundInStore(dirPath, name string) {
 // zero-length blob whose mode says what it is (the kernel serves FIFOs and
 // sockets itself; device nodes are not opened, the mount is nodev).
 func (fs *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
-	if fs.opts.ReadOnly {
-		return fuse.EROFS
-	}
 	kind := meta.KindFile
-	switch in.Mode & syscall.S_IFMT {
-	case 0, syscall.S_IFREG:
-	case syscall.S_IFIFO, syscall.S_IFSOCK, syscall.S_IFCHR, syscall.S_IFBLK:
-		if fs.opts.NoAttrWrites {
-			return fuse.EPERM // its type could not be stored
+	c, st := fs.newName(&in.InHeader, "mknod", name, func() fuse.Status {
+		switch in.Mode & syscall.S_IFMT {
+		case 0, syscall.S_IFREG:
+		case syscall.S_IFIFO, syscall.S_IFSOCK, syscall.S_IFCHR, syscall.S_IFBLK:
+			if fs.opts.NoAttrWrites {
+				return fuse.EPERM // its type could not be stored
+			}
+			kind = meta.KindSpecial
+		default:
+			return fuse.EINVAL
 		}
-		kind = meta.KindSpecial
-	default:
-		return fuse.EINVAL
-	}
-	c, st := fs.newName(&in.InHeader, "mknod", name)
+		return fuse.OK
+	})
 	if !st.Ok() {
 		return st
 	}
 	ctx, cf := fs.reqContext()
 	defer cf()
 	c.begin()
-	st = fs.makeName(ctx, c, kind, in.Mode, in.Rdev, nil, nil, out, func(a blobstore.Attrs, md map[string]string, _ meta.Posix) meta.Entry {
+	st, made := fs.makeName(ctx, c, kind, in.Mode, in.Rdev, nil, nil, out, func(a blobstore.Attrs, md map[string]string, _ meta.Posix) meta.Entry {
 		return meta.MadeEntry(a, md)
 	})
-	if st.Ok() {
+	if made {
 		fs.crashPoint("mknod", "reply", name)
 	}
 	return st
 }
 
 func (fs *FS) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name string, out *fuse.EntryOut) fuse.Status {
-	c, st := fs.newName(h, "symlink", name)
+	c, st := fs.newName(h, "symlink", name, nil)
 	if !st.Ok() {
 		return st
 	}
 	ctx, cf := fs.reqContext()
 	defer cf()
 	c.begin()
-	st = fs.makeName(ctx, c, meta.KindSymlink, 0o777, 0, map[string]string{blobstore.MetaIsSymlink: "true"}, []byte(target), out,
+	st, made := fs.makeName(ctx, c, meta.KindSymlink, 0o777, 0, map[string]string{blobstore.MetaIsSymlink: "true"}, []byte(target), out,
 		func(a blobstore.Attrs, md map[string]string, _ meta.Posix) meta.Entry {
 			e := meta.MadeEntry(a, md)
 			e.Target = target
 			return e
 		})
-	if st.Ok() {
+	if made {
 		fs.crashPoint("symlink", "reply", name)
 	}
 	return st
