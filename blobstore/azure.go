@@ -72,7 +72,7 @@ func NewAzure(cfg AzureConfig) (*Azure, error) {
 	if err != nil {
 		return nil, err
 	}
-	hc := newHTTPClient()
+	hc := newHTTPClient(true)
 	c, err := t.newContainerClient(hc)
 	if err != nil {
 		return nil, RedactError(err)
@@ -679,6 +679,7 @@ func mapAzureError(ctx context.Context, op Op, name string, cond Conditions, err
 	var certErr *tls.CertificateVerificationError
 	var unknownCA x509.UnknownAuthorityError
 	var hostErr x509.HostnameError
+	var refused *refusedEndpointError
 	switch {
 	case errors.As(err, &re):
 		e.status, e.code = re.StatusCode, re.ErrorCode
@@ -702,8 +703,10 @@ func mapAzureError(ctx context.Context, op Op, name string, cond Conditions, err
 		// the identity provider refused. The credential types retry
 		// their own transient failures.
 		e.kind = ErrUnauthorized
-	case errors.As(err, &certErr), errors.As(err, &unknownCA), errors.As(err, &hostErr):
-		// A TLS trust problem is configuration, retries won't fix it.
+	case errors.As(err, &certErr), errors.As(err, &unknownCA), errors.As(err, &hostErr), errors.As(err, &refused):
+		// A TLS trust problem, or an endpoint whose host resolves where
+		// blob requests never go (guardDial), is configuration:
+		// retries won't fix it.
 	default:
 		// Per-try timeouts, refused or reset connections, a body cut
 		// short, DNS failures.

@@ -305,6 +305,8 @@ func parseEndpoint(endpoint string) (*url.URL, error) {
 		return nil, fmt.Errorf("azure: endpoint %q must start with https:// (or http:// for a local emulator)", endpoint)
 	case u.Host == "":
 		return nil, fmt.Errorf("azure: endpoint %q has no host", endpoint)
+	case checkHostAddr(u.Hostname()) != nil:
+		return nil, fmt.Errorf("azure: endpoint %s://%s: %w", u.Scheme, u.Host, checkHostAddr(u.Hostname()))
 	case u.User != nil:
 		return nil, fmt.Errorf("azure: endpoint %q must not contain user information", u.Redacted())
 	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
@@ -523,14 +525,20 @@ func validContainerName(s string) error {
 	return nil
 }
 
-// newHTTPClient returns the HTTP client of one store. The defaults of
+// newHTTPClient returns the HTTP client of one store: with guard, its
+// connections refuse addresses blob requests must not go to (guardDial;
+// not for the identity provider's, whose managed identity endpoint is the
+// metadata service). The defaults of
 // net/http keep 2 idle connections per host, so parallel block transfers
 // would open and close a TLS connection per request; keep enough for wide
 // fan-out instead. HTTP/2 stays off: the blob service speaks HTTP/1.1, and
 // separate connections spread large transfers better than one multiplexed
 // one.
-func newHTTPClient() *http.Client {
+func newHTTPClient(guard bool) *http.Client {
 	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	if guard {
+		dialer.Control = guardDial
+	}
 	return &http.Client{Transport: &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           dialer.DialContext,
@@ -576,7 +584,10 @@ func (t azureTarget) newContainerClient(hc *http.Client) (*container.Client, err
 	case AzureAuthSAS, AzureAuthAnonymous:
 		return container.NewClientWithNoCredential(t.containerURL(), opts)
 	case AzureAuthAzureAD:
-		cred, err := t.tokenCredential(hc)
+		// Tokens come from the identity provider, which for a managed
+		// identity is the metadata service: a client of their own,
+		// without the blob endpoint's guard.
+		cred, err := t.tokenCredential(newHTTPClient(false))
 		if err != nil {
 			return nil, err
 		}

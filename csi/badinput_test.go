@@ -156,6 +156,10 @@ func TestBadInput(t *testing.T) {
 				{"CreateVolume/server with /./", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", dotted("/./")) }), codes.InvalidArgument, "server"},
 				{"CreateVolume/server with /%2e%2e/", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", dotted("/x/%2e%2e/")) }), codes.InvalidArgument, "server"},
 				{"CreateVolume/server ending in /..", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", az.endpoint+"/x/..") }), codes.InvalidArgument, "server"},
+				// Every request carries the volume's credential: never to
+				// the metadata service or Azure's platform endpoint.
+				{"CreateVolume/server at the metadata service", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", "http://169.254.169.254/metadata") }), codes.InvalidArgument, "instance metadata service"},
+				{"CreateVolume/server at WireServer", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", "http://168.63.129.16/") }), codes.InvalidArgument, "WireServer"},
 				{"CreateVolume/from snapshot", create(func(r *csipb.CreateVolumeRequest) {
 					r.VolumeContentSource = &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: "s"}}}
 				}), codes.InvalidArgument, "volume_content_source"},
@@ -260,6 +264,10 @@ func TestBadInput(t *testing.T) {
 					r.VolumeId, r.StagingTargetPath, r.Secrets = "csi-0123", "", az.secrets()
 					r.VolumeContext = inline()
 				}), codes.NotFound, "no-such-container-here"},
+				{"NodePublishVolume/inline server at the metadata service", publish(func(r *csipb.NodePublishVolumeRequest) {
+					r.VolumeId, r.StagingTargetPath, r.Secrets = "csi-0123", "", az.secrets()
+					r.VolumeContext = inline("containerName", "bad-input-vol", "server", "http://169.254.169.254/metadata")
+				}), codes.InvalidArgument, "instance metadata service"},
 				{"NodePublishVolume/inline server with /../", publish(func(r *csipb.NodePublishVolumeRequest) {
 					r.VolumeId, r.StagingTargetPath, r.Secrets = "csi-0123", "", az.secrets()
 					r.VolumeContext = inline("containerName", "bad-input-vol", "server", dotted("/x/../"))
