@@ -158,8 +158,12 @@ func TestBadInput(t *testing.T) {
 				{"CreateVolume/server ending in /..", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", az.endpoint+"/x/..") }), codes.InvalidArgument, "server"},
 				// Every request carries the volume's credential: never to
 				// the metadata service or Azure's platform endpoint.
-				{"CreateVolume/server at the metadata service", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", "http://169.254.169.254/metadata") }), codes.InvalidArgument, "instance metadata service"},
-				{"CreateVolume/server at WireServer", create(func(r *csipb.CreateVolumeRequest) { r.Parameters = with(az.params(), "server", "http://168.63.129.16/") }), codes.InvalidArgument, "WireServer"},
+				{"CreateVolume/server at the metadata service", create(func(r *csipb.CreateVolumeRequest) {
+					r.Parameters = with(az.params(), "server", "http://169.254.169.254/metadata")
+				}), codes.InvalidArgument, "instance metadata service"},
+				{"CreateVolume/server at WireServer", create(func(r *csipb.CreateVolumeRequest) {
+					r.Parameters = with(az.params(), "server", "http://168.63.129.16/")
+				}), codes.InvalidArgument, "WireServer"},
 				{"CreateVolume/from snapshot", create(func(r *csipb.CreateVolumeRequest) {
 					r.VolumeContentSource = &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: "s"}}}
 				}), codes.InvalidArgument, "volume_content_source"},
