@@ -55,7 +55,6 @@ type compatParam struct {
 // Why the things blobfs does not do are refused; each names what to use.
 const (
 	whyHNS         = "blobfs does not create Data Lake (hierarchical namespace) accounts and mounts through the Blob API only, without blobfuse's --use-adls; leave it out to mount the container through the Blob API"
-	whyKeyVault    = "blobfs does not read account keys or SAS tokens from Azure Key Vault; put them in a Kubernetes Secret (nodeStageSecretRef or secretName), for example synced from Key Vault by the Secrets Store CSI driver"
 	whyIdentityID  = "blobfs picks a user-assigned managed identity by its client id only; use AzureStorageIdentityClientID"
 	whyMSIEndpoint = "blobfs gets managed identity tokens from the node's own identity endpoint, not a per-volume one; leave it out"
 	whySPN         = "blobfs does not sign in as a service principal given per volume; use an account key or SAS token in a Secret, or the driver's Azure AD identity (workload or managed identity; AzureStorageIdentityClientID picks a user-assigned one)"
@@ -96,9 +95,6 @@ var compatParams = []compatParam{
 	{name: "mountPermissions", check: isOctalMode},
 
 	// What blobfs does not do.
-	{name: "keyVaultURL", check: emptyOnly(whyKeyVault)},
-	{name: "keyVaultSecretName", check: emptyOnly(whyKeyVault)},
-	{name: "keyVaultSecretVersion", check: emptyOnly(whyKeyVault)},
 	{name: "AzureStorageIdentityObjectID", check: emptyOnly(whyIdentityID)},
 	{name: "AzureStorageIdentityResourceID", check: emptyOnly(whyIdentityID)},
 	{name: "MSIEndpoint", check: emptyOnly(whyMSIEndpoint)},

@@ -179,9 +179,15 @@ func blobCSICorpus(az azurite, sasToken string) []blobCSICase {
 			attrs:   map[string]string{"storageAccount": acct, "containerName": "spn-data", "server": ep},
 			secrets: map[string]string{"azurestoragespnclientsecret": "s3cret"},
 			at:      "NodeStageVolume", code: codes.InvalidArgument, msg: "key azurestoragespnclientsecret is refused: blobfs does not sign in as a service principal"},
-		{name: "pv-blobfuse-csi-keyvault.yaml", kind: "PV", handle: "kv-handle",
-			attrs: map[string]string{"storageAccount": acct, "containerName": "kv-data", "keyVaultURL": "https://kv.vault.azure.net/", "keyVaultSecretName": "key"},
-			at:    "NodeStageVolume", code: codes.InvalidArgument, msg: "keyVaultSecretName=key: blobfs does not read account keys or SAS tokens from Azure Key Vault"},
+		{name: "pv-blobfuse-csi-keyvault.yaml: the account key in Key Vault", kind: "PV", handle: "kv-handle",
+			attrs:     map[string]string{"storageAccount": acct, "containerName": "kv-data", "server": ep, "keyVaultURL": "https://kv.vault.azure.net/", "keyVaultSecretName": "key"},
+			container: "kv-data", source: "keyvault:https://kv.vault.azure.net/#key#"},
+		{name: "a Key Vault secret that does not exist", kind: "PV", handle: "kv-missing-handle",
+			attrs: map[string]string{"storageAccount": acct, "containerName": "kv-data", "server": ep, "keyVaultURL": "https://kv.vault.azure.net/", "keyVaultSecretName": "gone"},
+			at:    "NodeStageVolume", code: codes.FailedPrecondition, msg: "read secret gone of Key Vault https://kv.vault.azure.net/"},
+		{name: "a Key Vault URL that is not a vault's", kind: "PV", handle: "kv-bad-handle",
+			attrs: map[string]string{"storageAccount": acct, "containerName": "kv-data", "keyVaultURL": "http://169.254.169.254/metadata", "keyVaultSecretName": "key"},
+			at:    "NodeStageVolume", code: codes.InvalidArgument, msg: "keyVaultURL"},
 		{name: "pv-blobfuse-nfs.yaml", kind: "PV", handle: "rg#" + acct + "#nfs-data",
 			attrs: map[string]string{"resourceGroup": "rg", "storageAccount": acct, "containerName": "nfs-data", "protocol": "nfs"},
 			at:    "NodeStageVolume", code: codes.InvalidArgument, msg: "protocol=nfs: blobfs mounts containers with FUSE"},
@@ -223,7 +229,8 @@ func TestBlobCSICorpus(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			secrets := fakeSecrets{}
-			d, az := b.start(t, driverOptions{secrets: secrets})
+			vault := fakeKeyVault{}
+			d, az := b.start(t, driverOptions{secrets: secrets, keyVault: vault})
 			ctx := context.Background()
 			fc, fake := d.containers.(*fakeContainers)
 			sasToken := "sv=2025-01-05&sr=c&sp=racwdl&sig=ZmFrZQ%3D%3D"
@@ -238,6 +245,7 @@ func TestBlobCSICorpus(t *testing.T) {
 			secrets["default/azure-secret"] = key
 			secrets["team-a/azure-secret"] = key
 			secrets["team-a/"+blobCSISecretName(az.account)] = key
+			vault["https://kv.vault.azure.net/#key#"] = az.key
 			for i, c := range blobCSICorpus(az, sasToken) {
 				t.Run(c.kind+"/"+c.name, func(t *testing.T) {
 					if c.fakeOnly != "" && !fake {
@@ -481,7 +489,8 @@ func TestBlobCSITableInDocs(t *testing.T) {
 	}
 	// blobfs's own parameters that blob-csi-driver has too.
 	shared := []string{"storageAccount", "containerName", "containerNamePrefix", "server", "storageEndpointSuffix", "protocol",
-		"secretName", "secretNamespace", "mountOptions", "AzureStorageAuthType", "AzureStorageIdentityClientID", "fsGroupChangePolicy"}
+		"secretName", "secretNamespace", "mountOptions", "AzureStorageAuthType", "AzureStorageIdentityClientID", "fsGroupChangePolicy",
+		"keyVaultURL", "keyVaultSecretName", "keyVaultSecretVersion"}
 	want := append(append(shared, compatParamNames()...), secretAccountName, secretAccountKey, secretSASToken, secretMSI)
 	for k := range refusedSecretKeys {
 		want = append(want, k)

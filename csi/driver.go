@@ -94,6 +94,9 @@ type Config struct {
 	// Secrets reads Secrets named by secretName/secretNamespace. Default:
 	// the API server of the cluster this pod runs in, if any.
 	Secrets SecretGetter
+	// KeyVault reads the Key Vault secrets volumes name (keyVaultURL).
+	// Default: Azure Key Vault with the driver's Azure AD identity.
+	KeyVault KeyVault
 	// State is the node state. Default: files in StateDir.
 	State NodeState
 	// Metrics receives the driver's metrics. Default: a new set.
@@ -145,6 +148,7 @@ type Driver struct {
 	mounter    Mounter
 	containers Containers
 	secrets    SecretGetter
+	keyVault   KeyVault
 	state      NodeState
 	metrics    *Metrics
 	locks      *volumeLocks
@@ -220,12 +224,16 @@ func New(cfg Config) (*Driver, error) {
 			cfg.Secrets = s
 		}
 	}
+	if cfg.KeyVault == nil {
+		cfg.KeyVault = newAzureKeyVault()
+	}
 	d := &Driver{
 		cfg:            cfg,
 		log:            cfg.Logger,
 		kubeletDir:     cfg.KubeletDir,
 		containers:     cfg.Containers,
 		secrets:        cfg.Secrets,
+		keyVault:       cfg.KeyVault,
 		metrics:        cfg.Metrics,
 		locks:          newVolumeLocks(),
 		socketPath:     sock,

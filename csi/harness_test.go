@@ -38,6 +38,7 @@ type driverOptions struct {
 	mounter    Mounter
 	containers Containers
 	secrets    SecretGetter
+	keyVault   KeyVault
 	metrics    string // metrics address
 	state      string // state dir; default a temp dir
 	logger     *slog.Logger
@@ -88,6 +89,7 @@ func startDriver(t testing.TB, o driverOptions) *testDriver {
 		Mounter:        o.mounter,
 		Containers:     o.containers,
 		Secrets:        o.secrets,
+		KeyVault:       o.keyVault,
 		Logger:         o.logger,
 	}
 	if cfg.Logger == nil {

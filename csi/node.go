@@ -710,6 +710,9 @@ func (d *Driver) credsFromAPI(ctx context.Context, rec VolumeRecord) (credential
 		}
 		return c, nil
 	}
+	if src := rec.CredentialSource; strings.HasPrefix(src, "keyvault:") {
+		return d.credsFromKeyVault(ctx, src)
+	}
 	if src := rec.CredentialSource; strings.HasPrefix(src, "secret:") {
 		ns, name, _ := strings.Cut(strings.TrimPrefix(src, "secret:"), "/")
 		if d.secrets == nil {

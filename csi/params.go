@@ -33,6 +33,9 @@ const (
 	paramIdentityClientID    = "azurestorageidentityclientid"
 	paramEndpointSuffix      = "storageendpointsuffix"
 	paramFSGroupChangePolicy = "fsgroupchangepolicy"
+	paramKeyVaultURL         = "keyvaulturl"
+	paramKeyVaultSecret      = "keyvaultsecretname"
+	paramKeyVaultVersion     = "keyvaultsecretversion"
 	// paramRetainContainer is blobfs's own: "true" keeps the container
 	// (and its data) when the volume is deleted.
 	paramRetainContainer = "retaincontainer"
@@ -63,6 +66,7 @@ var knownParams = []string{
 	"storageEndpointSuffix", "protocol", "secretName", "secretNamespace",
 	"mountOptions", "retainContainer", "AzureStorageAuthType",
 	"AzureStorageIdentityClientID", "fsGroupChangePolicy",
+	"keyVaultURL", "keyVaultSecretName", "keyVaultSecretVersion",
 }
 
 // Secret keys, as in the Azure Blob CSI driver, plus a connection string.
@@ -87,10 +91,16 @@ type volumeParams struct {
 	Server              string // endpoint: a URL or a host name
 	SecretName          string
 	SecretNamespace     string
-	MountOptions        []string
-	RetainContainer     bool
-	AuthType            string
-	IdentityClientID    string
+	// KeyVaultURL, KeyVaultSecretName and KeyVaultSecretVersion name the
+	// Key Vault secret that holds the volume's account key or SAS token
+	// (keyvault.go).
+	KeyVaultURL           string
+	KeyVaultSecretName    string
+	KeyVaultSecretVersion string
+	MountOptions          []string
+	RetainContainer       bool
+	AuthType              string
+	IdentityClientID      string
 	// EndpointSuffix (storageEndpointSuffix) makes the endpoint
 	// https://ACCOUNT.blob.SUFFIX/ when Server is not given.
 	EndpointSuffix string
@@ -176,6 +186,12 @@ func parseParams(m map[string]string, field string) (volumeParams, error) {
 			default:
 				return p, fmt.Errorf("%s[%q]: %q is not OnRootMismatch, Always or None", field, k, clip(v, 40))
 			}
+		case paramKeyVaultURL:
+			p.KeyVaultURL = v
+		case paramKeyVaultSecret:
+			p.KeyVaultSecretName = v
+		case paramKeyVaultVersion:
+			p.KeyVaultSecretVersion = v
 		case paramSecretName:
 			p.SecretName = v
 		case paramSecretNamespace:
@@ -215,6 +231,9 @@ func parseParams(m map[string]string, field string) (volumeParams, error) {
 				p.AccountSettings = append(p.AccountSettings, k+"="+clip(v, 60))
 			}
 		}
+	}
+	if err := checkKeyVault(p.KeyVaultURL, p.KeyVaultSecretName, p.KeyVaultSecretVersion); err != nil {
+		return p, fmt.Errorf("%s: %v", field, err)
 	}
 	return p, nil
 }

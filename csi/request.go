@@ -227,6 +227,16 @@ func (d *Driver) credentialsFor(ctx context.Context, secrets map[string]string, 
 		return c, "request", nil
 	}
 	inline := podNamespace != "" || p.Ephemeral
+	if p.KeyVaultURL != "" {
+		switch {
+		case inline:
+			return credentials{}, "", invalid("volume_context[keyVaultURL]: an inline volume may not read its credentials from Key Vault: the driver's own identity is not lent to inline volumes; use a nodePublishSecretRef or secretName")
+		case p.SecretName != "":
+			return credentials{}, "", invalid("give secretName or keyVaultURL, not both: both would say where the volume's credentials are")
+		}
+		c, err := d.keyVaultCreds(ctx, p.KeyVaultURL, p.KeyVaultSecretName, p.KeyVaultSecretVersion)
+		return c, keyVaultSource(p), err
+	}
 	if p.SecretName != "" {
 		ns := p.SecretNamespace
 		if inline {
