@@ -5,6 +5,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/blobfs/blobfs/fusefs/contentsum"
 	"github.com/blobfs/blobfs/fusefs/journal"
 	"github.com/blobfs/blobfs/fusefs/meta"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -31,19 +32,21 @@ func (fs *FS) journalSpillRemoval(n *node, spillPath string) {
 		return
 	}
 	n.fileRecord = nil
-	fs.nodes.state.Append(journal.FileRecord(journal.SpillRemovedRecord(nil, spillPath), n.id, "", "", false, false, ""))
+	fs.nodes.state.Append(journal.FileRecord(journal.SpillRemovedRecord(nil, spillPath), journal.SavedFile{Node: n.id}))
 }
 
-// journalFile records n's spill file state (path "" once there is none).
-// Callers may hold the openFile's mu (the lock order allows FS.mu after it).
-func (fs *FS) journalFile(n *node, spillPath, baseETag string, dirty, exclusive bool, commitNonce string) {
+// journalFile records n's spill file state (SpillPath "" once there is
+// none). Callers may hold the openFile's mu (the lock order allows FS.mu
+// after it).
+func (fs *FS) journalFile(n *node, f journal.SavedFile) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if fs.nodes.state == nil {
 		return
 	}
-	rec := journal.FileRecord(nil, n.id, spillPath, baseETag, dirty, exclusive, commitNonce)
-	if spillPath == "" {
+	f.Node = n.id
+	rec := journal.FileRecord(nil, f)
+	if f.SpillPath == "" {
 		n.fileRecord = nil
 	} else {
 		n.fileRecord = rec
@@ -173,9 +176,16 @@ func (fs *FS) restoreFiles(saved *journal.Saved) error {
 			return fmt.Errorf("spill %s: %w", sf.SpillPath, err)
 		}
 		of := &openFile{fs: fs, n: n, spill: f, spillPath: sf.SpillPath, baseETag: sf.BaseETag, exclusive: sf.Exclusive, commitNonce: sf.CommitNonce}
+		// The content the condition stands for: a commit over another
+		// client's metadata change goes on (sameContent).
+		seenSum := contentsum.Sum(sf.SeenSum)
+		if sf.BaseETag != "" {
+			of.loadedSum, of.loadedSize = seenSum, sf.SeenSize
+		}
 		if rec, ok := readSpillRecord(f); ok {
 			if sf.BaseETag == "" {
 				of.openETag = rec.IfMatch // the region does not keep it
+				of.openSum, of.openSize = seenSum, sf.SeenSize
 			}
 			// Unlinked, or replaced by a rename, through the mount while
 			// open: it lives on without a name, and nothing of it is
@@ -199,7 +209,7 @@ func (fs *FS) restoreFiles(saved *journal.Saved) error {
 			}
 		}
 		n.file = of
-		n.fileRecord = journal.FileRecord(nil, id, sf.SpillPath, sf.BaseETag, sf.Dirty, sf.Exclusive, sf.CommitNonce)
+		n.fileRecord = journal.FileRecord(nil, sf)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"crypto/md5"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -1060,5 +1061,46 @@ func TestRenameOfOpenFileAcrossRestart(t *testing.T) {
 	mustClose(t, f.Close())
 	wantBlob(t, s, "b", []byte("first and second"))
 	wantNoBlob(t, s, "a")
+	wantNoLostFound(t, h.cache)
+}
+
+// TestOtherMetadataChangeAcrossRestart: a file open for writing whose
+// serving process is killed and adopted, then chmod'ed by another client
+// (a metadata change, the content the same), commits over that change, as
+// it does without the restart (TestOtherMetadataChangeIsNoConflict): the
+// content its condition stands for is journaled. Found by TestModelCrash
+// (seed 5558123100288648252): the fsync gave ESTALE.
+func TestOtherMetadataChangeAcrossRestart(t *testing.T) {
+	h := newRestartHarness(t)
+	h.start()
+	s := h.localStore()
+	old := []byte("stored before")
+	sum := md5.Sum(old)
+	if _, err := s.Put(context.Background(), "a", old, blobstore.PutOptions{ContentMD5: sum[:]}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(join(h.mnt, "a"), os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	mustWriteAt(t, f, []byte("new"), 0)
+	h.kill()
+	h.start()
+	// Another client changes the blob's metadata only.
+	a, err := s.Stat(context.Background(), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := meta.Copy(a.Metadata)
+	md[blobstore.MetaMode] = "100600"
+	if _, err := s.SetMetadata(context.Background(), "a", md, blobstore.Conditions{IfMatch: a.ETag}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatalf("fsync after the restart and another client's chmod: %v", err)
+	}
+	mustClose(t, f.Close())
+	wantBlob(t, s, "a", []byte("new"))
 	wantNoLostFound(t, h.cache)
 }

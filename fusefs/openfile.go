@@ -15,6 +15,7 @@ import (
 
 	"github.com/blobfs/blobfs/blobstore"
 	"github.com/blobfs/blobfs/fusefs/contentsum"
+	"github.com/blobfs/blobfs/fusefs/journal"
 	"github.com/blobfs/blobfs/fusefs/meta"
 	"github.com/blobfs/blobfs/fusefs/upload"
 )
@@ -468,7 +469,9 @@ func (of *openFile) changedLocked() {
 // journalLocked records the spill file and upload state in the state
 // region, and in the spill file's own record.
 func (of *openFile) journalLocked(dirty bool) {
-	of.fs.journalFile(of.n, of.spillPath, of.baseETag, dirty, of.exclusive, of.commitNonce)
+	seen, _ := of.seenContentLocked()
+	of.fs.journalFile(of.n, journal.SavedFile{SpillPath: of.spillPath, BaseETag: of.baseETag, Dirty: dirty, Exclusive: of.exclusive,
+		CommitNonce: of.commitNonce, SeenSum: seen.sum, SeenSize: seen.size})
 	of.recordLocked(dirty)
 }
 
@@ -849,7 +852,7 @@ func (of *openFile) keepSpill(blobName string) string {
 	// Journaled first, as in close: a successor must not upload it. Not
 	// as a removal: if this process dies before the move, the data stays
 	// in the spill directory.
-	of.fs.journalFile(of.n, "", "", false, false, "")
+	of.fs.journalFile(of.n, journal.SavedFile{})
 	of.spill.Close()
 	if err := os.Rename(of.spillPath, dst); err != nil {
 		dst = of.spillPath

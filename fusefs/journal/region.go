@@ -219,6 +219,14 @@ type SavedFile struct {
 	// CommitNonce names a commit that may have reached the store without
 	// its answer reaching the dead process.
 	CommitNonce string
+	// SeenSum and SeenSize are the content the file's condition stands
+	// for (its Content-MD5; zero: not known): a commit whose condition
+	// fails because only the blob's metadata changed (another client's
+	// chmod) goes on over it, in a successor as in the process that
+	// opened the file. Added after the first release: regions written
+	// before lack it, and readers before it ignore it (it comes last).
+	SeenSum  [16]byte
+	SeenSize int64
 }
 
 type Saved struct {
@@ -364,6 +372,11 @@ func (st *Saved) apply(typ byte, body []byte) error {
 		if len(r.b) > 0 { // regions written before commit nonces lack it
 			f.CommitNonce = r.str()
 		}
+		if len(r.b) >= len(f.SeenSum)+8 { // and before the seen content
+			copy(f.SeenSum[:], r.b)
+			r.b = r.b[len(f.SeenSum):]
+			f.SeenSize = int64(r.u64())
+		}
 		if f.SpillPath == "" {
 			delete(st.Files, f.Node)
 		} else {
@@ -443,20 +456,26 @@ func IDRecord(dst []byte, typ byte, id uint64) []byte {
 	return frame(dst, typ, w.b)
 }
 
-func FileRecord(dst []byte, nodeID uint64, spillPath, baseETag string, dirty, exclusive bool, commitNonce string) []byte {
+func FileRecord(dst []byte, f SavedFile) []byte {
 	var w recordWriter
-	w.u64(nodeID)
-	w.str(spillPath)
-	w.str(baseETag)
+	w.u64(f.Node)
+	w.str(f.SpillPath)
+	w.str(f.BaseETag)
 	var flags byte
-	if dirty {
+	if f.Dirty {
 		flags |= 1
 	}
-	if exclusive {
+	if f.Exclusive {
 		flags |= 2
 	}
 	w.u8(flags)
-	w.str(commitNonce)
+	w.str(f.CommitNonce)
+	if f.SeenSum != ([16]byte{}) {
+		// Last, and only when known: a record without it is the
+		// earlier release's, byte for byte.
+		w.b = append(w.b, f.SeenSum[:]...)
+		w.u64(uint64(f.SeenSize))
+	}
 	return frame(dst, recFile, w.b)
 }
 

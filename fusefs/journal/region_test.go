@@ -25,7 +25,7 @@ func earlierRecords() []byte {
 	b = HandleRecord(b, SavedHandle{FH: 5, Node: 1, Dir: true, IO: IODirect})
 	b = HandleRecord(b, SavedHandle{FH: 6, Node: 7})
 	b = IDRecord(b, RecHandleDrop, 6)
-	b = FileRecord(b, 7, "/cache/spill-7", "0xETAG", true, false, "nonce-1")
+	b = FileRecord(b, SavedFile{Node: 7, SpillPath: "/cache/spill-7", BaseETag: "0xETAG", Dirty: true, CommitNonce: "nonce-1"})
 	b = IDsRecord(b, 20, 10)
 	b = IntentRecord(b, Intent{Unique: 200, Op: 9, Parent: 1, Name: "dir"})
 	b = IntentRecord(b, Intent{Unique: 201, Op: 12, Parent: 1, NewParent: 1, Name: "a", NewName: "b"})
@@ -163,5 +163,26 @@ func TestReadRegionRefusesOtherFiles(t *testing.T) {
 			t.Errorf("%s corrupted: read without error", name)
 		}
 		f.Close()
+	}
+}
+
+// TestFileRecordSeenContent: a file record with the content its condition
+// stands for reads back with it; one without reads back without it (and is
+// the earlier release's bytes: TestWritesEarlierRegion).
+func TestFileRecordSeenContent(t *testing.T) {
+	r, err := NewRegion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := [16]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	with := SavedFile{Node: 3, SpillPath: "/s/3", BaseETag: "0x3", Dirty: true, CommitNonce: "n", SeenSum: sum, SeenSize: 1 << 40}
+	without := SavedFile{Node: 4, SpillPath: "/s/4", BaseETag: "0x4"}
+	r.Append(FileRecord(FileRecord(nil, with), without))
+	_, st, err := ReadRegion(r.File())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Files[3] != with || st.Files[4] != without {
+		t.Fatalf("read back %+v and %+v, want %+v and %+v", st.Files[3], st.Files[4], with, without)
 	}
 }
