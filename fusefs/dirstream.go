@@ -104,7 +104,7 @@ func (fs *FS) newDirStream(dir string) *dirStream {
 	s.merger.Prefix = s.prefix
 	s.items = append(s.items, meta.Item{Name: ".", Entry: dotEntry}, meta.Item{Name: "..", Entry: dotEntry})
 	// A walker descending: the tree below may come from one flat
-	// listing (treewalk.go).
+	// listing (fusefs/listing/treewalk.go).
 	fs.lists.MaybeStartWalk(dir)
 	fs.lists.AwaitWalk(dir)
 	fs.lists.NotePassed(dir)

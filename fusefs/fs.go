@@ -82,7 +82,7 @@ type FS struct {
 	disk        *cache.DiskTier
 	passthrough passthrough
 	// sums checks whole reads against the blobs' Content-MD5
-	// (contentsum.go); nil with Options.NoContentCheck.
+	// (fusefs/contentsum); nil with Options.NoContentCheck.
 	sums *contentsum.Checks
 	// writeBackPending sums the sizes of the files whose write-back
 	// upload has not ended; writeBackSlots bounds those uploading

@@ -67,7 +67,7 @@ type Options struct {
 	// files are opened for reading one after another in name order.
 	// Default 16; negative disables it.
 	PrefetchFiles int
-	// WalkAhead is how many names a tree walk (treewalk.go: find, du,
+	// WalkAhead is how many names a tree walk (fusefs/listing: find, du,
 	// ls -R, a data loader's scan, answered from one flat listing of the
 	// walked tree) may list ahead of its walker. Default
 	// DefaultWalkAhead; negative disables tree walks.
@@ -126,11 +126,11 @@ type Options struct {
 	WriteBack      bool
 	WriteBackBytes int64
 	// NoContentCheck turns off the check of whole reads against the
-	// blob's Content-MD5 (contentsum.go), which costs an MD5 pass over
+	// blob's Content-MD5 (fusefs/contentsum), which costs an MD5 pass over
 	// what readers fetch from offset 0.
 	NoContentCheck bool
 	// DiskCache, if not nil, keeps what reads fetch on a local disk
-	// (diskcache.go), shared with every mount of the process given the
+	// (fusefs/cache), shared with every mount of the process given the
 	// same one; files held whole are opened with FUSE passthrough where
 	// the kernel offers it (passthrough.go). Keyed by StoreID, so mounts
 	// of one store share files; with no StoreID, this mount's files are
