@@ -305,13 +305,14 @@ func parseEndpoint(endpoint string) (*url.URL, error) {
 		return nil, fmt.Errorf("azure: endpoint %q must start with https:// (or http:// for a local emulator)", endpoint)
 	case u.Host == "":
 		return nil, fmt.Errorf("azure: endpoint %q has no host", endpoint)
-	case checkHostAddr(u.Hostname()) != nil:
-		return nil, fmt.Errorf("azure: endpoint %s://%s: %w", u.Scheme, u.Host, checkHostAddr(u.Hostname()))
 	case u.User != nil:
 		return nil, fmt.Errorf("azure: endpoint %q must not contain user information", u.Redacted())
 	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
 		// A pasted SAS URL: refuse rather than guess, and do not echo it.
 		return nil, fmt.Errorf("azure: endpoint %s://%s%s must not carry a query or fragment; pass a SAS token in AZURE_STORAGE_SAS_TOKEN", u.Scheme, u.Host, u.Path)
+	}
+	if err := checkHostAddr(u.Hostname()); err != nil {
+		return nil, fmt.Errorf("azure: endpoint %s://%s: %w", u.Scheme, u.Host, err)
 	}
 	// u.Path is decoded: %2e%2e is "..", %2f a separator.
 	segs := strings.Split(strings.TrimSuffix(strings.TrimPrefix(u.Path, "/"), "/"), "/")

@@ -269,7 +269,7 @@ func TestUploadStreamStops(t *testing.T) {
 	// before the second abandoned it: let them finish, so that the
 	// counts below are the commits' own (under load, some were still
 	// staging after the failures were switched on).
-	waitFor(t, "the abandoned stream's blocks", func() bool { return fsys.uploads.Lent() == 0 })
+	waitFor(t, "the abandoned stream's blocks", func() bool { return fsys.up.Buffers.Lent() == 0 })
 	of := findOpenFile(fsys, "c")
 	if of == nil {
 		t.Fatal("no open file")

@@ -61,12 +61,10 @@ type FS struct {
 	// large read-only files may be opened with FOPEN_DIRECT_IO (set by
 	// the Session, see directRead).
 	directIOMmap atomic.Bool
-	// uploads lends the buffers of blocks being uploaded, over all files,
-	// at most 2 × UploadConcurrency at once and within the process's
-	// memory budget.
-	uploads *memory.Uploads
-	// up stages files' blocks while they are written, and counts the
-	// bytes still to upload (Stats).
+	// up stages files' blocks while they are written, lends the buffers
+	// of blocks being uploaded (up.Buffers: at most 2 × UploadConcurrency
+	// at once over all files, within the process's memory budget), and
+	// counts the bytes still to upload (Stats).
 	up *upload.Uploader
 	// chunks serves random reads (cache.ChunkCache). readBytes counts the
 	// bytes READs returned from the store's content, src.Fetched the bytes
@@ -146,7 +144,6 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 		spillDir:       spillDir,
 		spills:         newSpillPool(spillDir),
 		lists:          listing.NewCache(opts.ListTimeout, 1_000_000, opts.WalkAhead),
-		uploads:        memory.NewUploads(2*opts.UploadConcurrency, opts.UploadBlockSize),
 		writeBackSlots: make(chan struct{}, writeBackSlots),
 		ctx:            ctx,
 		cancel:         cancel,
@@ -158,7 +155,7 @@ func New(store blobstore.Store, opts Options) (*FS, error) {
 	}
 	fs.lists.StartWalks(store, ctx, &fs.bg, fs.log, fs.mergeLocal)
 	fs.src = &cache.Sources{Store: store, Log: fs.log}
-	fs.up = &upload.Uploader{Store: store, BlockMD5: fs.blockMD5, BlockSize: opts.UploadBlockSize, WriteBack: opts.WriteBack, Buffers: fs.uploads, Ctx: ctx, Log: fs.log}
+	fs.up = &upload.Uploader{Store: store, BlockMD5: fs.blockMD5, BlockSize: opts.UploadBlockSize, WriteBack: opts.WriteBack, Buffers: memory.NewUploads(2*opts.UploadConcurrency, opts.UploadBlockSize), Ctx: ctx, Log: fs.log}
 	fs.blocks = cache.NewBlockCache(fs.src, opts.ReadBlockSize, opts.BlockCacheBytes-cache.ChunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize), opts.MaxReadAheadBlocks)
 	fs.passthrough.devFD.Store(-1)
 	fs.chunks = cache.NewChunkCache(fs.src, cache.ChunkCapacity(opts.BlockCacheBytes, opts.ReadBlockSize))

@@ -21,25 +21,25 @@ func TestMemoryBudgetUploads(t *testing.T) {
 	memory.SetBudget(8 << 20) // a quarter for uploads: two 1 MiB blocks
 	defer memory.SetBudget(0)
 	ctx := context.Background()
-	b1, ok1, _ := fsys.uploads.Take(ctx, 1<<20, false)
-	b2, ok2, _ := fsys.uploads.Take(ctx, 1<<20, false)
-	_, ok3, _ := fsys.uploads.Take(ctx, 1<<20, false)
+	b1, ok1, _ := fsys.up.Buffers.Take(ctx, 1<<20, false)
+	b2, ok2, _ := fsys.up.Buffers.Take(ctx, 1<<20, false)
+	_, ok3, _ := fsys.up.Buffers.Take(ctx, 1<<20, false)
 	if !ok1 || !ok2 || ok3 {
 		t.Fatalf("took %v %v %v; want two buffers of 1 MiB from a 2 MiB upload budget, then none", ok1, ok2, ok3)
 	}
 	got := make(chan bool)
 	go func() {
-		b, ok, _ := fsys.uploads.Take(ctx, 1<<20, true)
+		b, ok, _ := fsys.up.Buffers.Take(ctx, 1<<20, true)
 		if ok {
-			fsys.uploads.Give(b)
+			fsys.up.Buffers.Give(b)
 		}
 		got <- ok
 	}()
-	fsys.uploads.Give(b1)
+	fsys.up.Buffers.Give(b1)
 	if !<-got {
 		t.Error("a waiting writer did not get the buffer given back")
 	}
-	fsys.uploads.Give(b2)
+	fsys.up.Buffers.Give(b2)
 	// A whole-file upload through the budget lands intact.
 	data := pattern(5<<20+3, 4)
 	mnt, _ := mountStore(t, mem, Options{UploadBlockSize: 1 << 20})

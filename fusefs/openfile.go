@@ -785,7 +785,7 @@ func (of *openFile) upload(ctx context.Context, path string, f *os.File, size in
 			p.Add(n)
 			of.fs.up.Uploading.Add(-n)
 		},
-		Buffers: of.fs.uploads,
+		Buffers: of.fs.up.Buffers,
 	})
 	of.fs.up.Uploading.Add(-(size - p.Done()))
 	p.Finish(err)

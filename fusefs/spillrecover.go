@@ -406,7 +406,7 @@ func (fs *FS) recoverOrphan(ctx context.Context, path string) (orphanOutcome, er
 			BlockSize:   fs.opts.UploadBlockSize,
 			Concurrency: fs.opts.UploadConcurrency,
 			PutOptions:  opts,
-			Buffers:     fs.uploads,
+			Buffers:     fs.up.Buffers,
 		})
 	}
 	_, err = up()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -86,20 +85,9 @@ func runUnprivCases(mnt string) {
 // (default_permissions) against the owners and modes blobfs stores and
 // shows. Then, on a fresh mount, what the user changed is there.
 func TestPOSIXUnprivileged(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, to run a process as another user")
-	}
 	// Directories every user can reach: the mountpoint's parents and a
-	// copy of this test binary (go test builds it where only root may
-	// enter).
-	dir, err := os.MkdirTemp("", "blobfs-unpriv-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o755)
-	bin := filepath.Join(dir, "unpriv.test")
-	storetest.CopyTestBinary(t, bin)
+	// copy of this test binary.
+	dir, bin := storetest.BinaryForOtherUsers(t, "blobfs-unpriv-")
 
 	storetest.Run(t, func(t *testing.T, s blobstore.Store) {
 		checkUnprivileged(t, s, bin, dir)

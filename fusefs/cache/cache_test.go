@@ -484,19 +484,15 @@ func TestBlockCacheKeepsUnreadReadAhead(t *testing.T) {
 // list.
 func settleFetches(t *testing.T, c *BlockCache) {
 	t.Helper()
-	for range 1000 {
+	storetest.WaitFor(t, "read-ahead fetches to finish", func() bool {
 		c.mu.Lock()
+		defer c.mu.Unlock()
 		busy := c.active > 0 || c.queue.Len() > 0
 		for _, b := range c.blocks {
 			busy = busy || b.elem == nil
 		}
-		c.mu.Unlock()
-		if !busy {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatal("read-ahead fetches did not finish")
+		return !busy
+	})
 }
 
 // Read-ahead asked for beyond the fetch slots is queued, not dropped: the
@@ -573,14 +569,12 @@ func TestReadAheadFetchesInOrder(t *testing.T) {
 	}
 	waitFor := func(n int) []int64 {
 		t.Helper()
-		for range 2000 {
-			if got := s.order(); len(got) >= n {
-				return got
-			}
-			time.Sleep(time.Millisecond)
-		}
-		t.Fatalf("fetches started: %v, want %d", s.order(), n)
-		return nil
+		var got []int64
+		storetest.WaitFor(t, fmt.Sprintf("%d fetches to start", n), func() bool {
+			got = s.order()
+			return len(got) >= n
+		})
+		return got
 	}
 	if got := waitFor(1); len(got) != 1 || got[0] != 1 {
 		t.Fatalf("first fetches: %v, want block 1 alone (one slot)", got)

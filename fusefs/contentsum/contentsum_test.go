@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -334,11 +335,15 @@ func TestSumChecksRandomOrder(t *testing.T) {
 		errs := make(chan error, 2*n)
 		var wg sync.WaitGroup
 		for _, i := range rng.Perm(n) {
-			mode, delay := rng.IntN(4), time.Duration(rng.IntN(300))*time.Microsecond
+			// Jitter without a clock: each goroutine yields a random
+			// number of times before it lands its range.
+			mode, yields := rng.IntN(4), rng.IntN(50)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				time.Sleep(delay)
+				for range yields {
+					runtime.Gosched()
+				}
 				buf := slices.Clone(content[i*100 : (i+1)*100])
 				f := flights[i]
 				var err error

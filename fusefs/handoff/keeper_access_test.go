@@ -74,22 +74,9 @@ func peerAdopt(sock string) {
 // keeper logs the refusal. A process of the keeper's own user (the driver)
 // adopts as before.
 func TestKeeperRefusesOtherUsers(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, to run a process as another user")
-	}
 	// A directory every user can reach, holding the socket and a copy of
-	// this test binary (go test builds it in a directory only root may
-	// enter).
-	dir, err := os.MkdirTemp("", "blobfs-keeper-peer-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "peer.test")
-	storetest.CopyTestBinary(t, bin)
+	// this test binary.
+	dir, bin := storetest.BinaryForOtherUsers(t, "blobfs-keeper-peer-")
 
 	const nobody = 65534
 	cases := []struct {
